@@ -1,0 +1,3 @@
+"""OpenAI-compatible agent-session sidecar for SGLang."""
+
+__version__ = "0.1.0"

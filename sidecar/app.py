@@ -1,0 +1,225 @@
+"""The aiohttp application: factory, startup/cleanup contexts, and the small routes.
+
+Startup asks SGLang who it is (/server_info: model, tokenizer path, KV capacity), loads the
+tokenizer and chat template, and builds the policy. A background task closes sessions the policy
+(or, without one, the idle grace period) says are done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, AsyncIterator
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from sidecar import keys
+from sidecar.chat import handle as chat_handler
+from sidecar.chat_template import ChatRenderer
+from sidecar.engine_client import EngineClient
+from sidecar.errors import APIError, error_middleware
+from sidecar.metrics import SidecarMetrics
+from sidecar.policy import EngineCapacity, build_policy
+from sidecar.sessions import SessionRegistry
+from sidecar.settings import SidecarSettings
+
+log = logging.getLogger("sidecar")
+
+
+class StartupError(Exception):
+    """The sidecar cannot start; the message says why in one line."""
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # transformers raises many kinds for a bad folder
+        raise StartupError(f"cannot load a tokenizer from {path!r}: {exc}") from None
+
+
+async def fetch_server_info(engine: EngineClient, attempts: int = 1, delay: float = 1.0) -> dict[str, Any] | None:
+    for attempt in range(attempts):
+        try:
+            return await engine.server_info()
+        except APIError as exc:
+            log.warning("SGLang /server_info failed (%s)", exc.message)
+            if attempt + 1 < attempts:
+                await asyncio.sleep(delay)
+    return None
+
+
+def create_app(settings: SidecarSettings, tokenizer=None) -> web.Application:
+    """Build the application; ``tokenizer`` may be preloaded (the CLI does, to fail early)."""
+    app = web.Application(client_max_size=settings.server.max_body_bytes, middlewares=[metrics_middleware, error_middleware])
+    app[keys.SETTINGS] = settings
+    app[keys.METRICS] = SidecarMetrics()
+    app.cleanup_ctx.append(_engine_context(tokenizer))
+    app.cleanup_ctx.append(_lifecycle_context)
+    app.router.add_post("/v1/chat/completions", chat_handler)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/sessions", sessions)
+    app.router.add_delete("/v1/sessions/{session_id}", close_session)
+    return app
+
+
+def _engine_context(preloaded_tokenizer):
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        settings = app[keys.SETTINGS].server
+        http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout),
+        )
+        engine = EngineClient(
+            settings.sglang_url, http, request_timeout=settings.request_timeout, connect_retries=settings.connect_retries
+        )
+        try:
+            info = await fetch_server_info(engine, attempts=1 if settings.tokenizer else 3)
+            tokenizer = preloaded_tokenizer
+            if tokenizer is None:
+                path = settings.tokenizer or (info or {}).get("tokenizer_path")
+                if not path:
+                    raise StartupError(
+                        f"no tokenizer: SGLang at {settings.sglang_url} did not report one; pass --tokenizer DIR"
+                    )
+                tokenizer = await asyncio.get_running_loop().run_in_executor(None, load_tokenizer, path)
+            configure(app, engine, tokenizer, info or {})
+        except BaseException:
+            await http.close()
+            raise
+        yield
+        await http.close()
+
+    return context
+
+
+def configure(app: web.Application, engine: EngineClient, tokenizer, info: dict[str, Any]) -> None:
+    settings = app[keys.SETTINGS]
+    try:
+        renderer = ChatRenderer(tokenizer)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+    app[keys.ENGINE] = engine
+    app[keys.RENDERER] = renderer
+    app[keys.SERVER_INFO] = info
+    app[keys.MODEL_NAME] = settings.server.model_name or info.get("served_model_name") or info.get("model_path") or "default"
+    app[keys.PROMPT_LIMIT] = settings.server.max_prompt_tokens or int(info.get("max_req_input_len") or 0)
+    capacity = EngineCapacity(max_total_num_tokens=int(info.get("max_total_num_tokens") or 0))
+    policy = build_policy(settings, capacity)
+    app[keys.POLICY] = policy
+    app[keys.REGISTRY] = SessionRegistry(settings.server.max_sessions, on_forget=lambda s: _closed(app, s.id, "capacity"))
+    register_policy_metrics = getattr(policy, "register_metrics", None)
+    if register_policy_metrics is not None:
+        register_policy_metrics(app[keys.METRICS].registry)
+
+
+def _closed(app: web.Application, session_id: str, reason: str) -> None:
+    """A session was forgotten: release its lease in SGLang and tell the policy."""
+    app[keys.POLICY].on_session_closed(session_id)
+    app[keys.METRICS].sessions_closed.labels(reason=reason).inc()
+    asyncio.ensure_future(app[keys.ENGINE].close_session(session_id))
+
+
+def sessions_due(app: web.Application, now: float) -> list[str]:
+    """Sessions to close: the policy's pick if it has one, else idle past lease + grace."""
+    policy_pick = getattr(app[keys.POLICY], "sessions_to_close", None)
+    if policy_pick is not None:
+        return list(policy_pick(now))
+    grace = app[keys.SETTINGS].server.session_idle_grace
+    due = []
+    for session in app[keys.REGISTRY].all():
+        idle_from = max(session.last_active, session.lease_until or 0.0)
+        if not session.inflight and now - idle_from > grace:
+            due.append(session.id)
+    return due
+
+
+async def close_due_sessions(app: web.Application) -> int:
+    registry = app[keys.REGISTRY]
+    closed = 0
+    for sid in sessions_due(app, time.monotonic()):
+        session = registry.get(sid)
+        if session is None or session.inflight:
+            continue
+        registry.forget(sid)
+        _closed(app, sid, "idle")
+        closed += 1
+    return closed
+
+
+async def _lifecycle_context(app: web.Application) -> AsyncIterator[None]:
+    async def loop() -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                await close_due_sessions(app)
+                app[keys.METRICS].sessions.set(len(app[keys.REGISTRY]))
+            except Exception:  # noqa: BLE001 - housekeeping must never die
+                log.exception("session lifecycle pass failed")
+
+    task = asyncio.create_task(loop())
+    yield
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+
+
+@web.middleware
+async def metrics_middleware(request: web.Request, handler):
+    start = time.monotonic()
+    route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        m = request.app[keys.METRICS]
+        m.requests.labels(route=route, status=str(status)).inc()
+        m.latency.labels(route=route).observe(time.monotonic() - start)
+
+
+async def models(request: web.Request) -> web.Response:
+    name = request.app[keys.MODEL_NAME]
+    return web.json_response({"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "sglang"}]})
+
+
+async def health(request: web.Request) -> web.Response:
+    up = await request.app[keys.ENGINE].healthy()
+    body = {"status": "ok" if up else "engine_unavailable", "sglang": up, "sessions": len(request.app[keys.REGISTRY])}
+    return web.json_response(body, status=200 if up else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    request.app[keys.METRICS].sessions.set(len(request.app[keys.REGISTRY]))
+    body = generate_latest(request.app[keys.METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def sessions(request: web.Request) -> web.Response:
+    data = [s.describe() for s in request.app[keys.REGISTRY].all()]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def close_session(request: web.Request) -> web.Response:
+    sid = request.match_info["session_id"]
+    registry = request.app[keys.REGISTRY]
+    session = registry.get(sid)
+    if session is None:
+        raise APIError(404, f"no session {sid!r}", type="not_found", code="session_not_found")
+    if session.inflight:
+        raise APIError(409, f"session {sid!r} has a request in flight", code="session_busy")
+    registry.forget(sid)
+    _closed(request.app, sid, "client")
+    return web.json_response({"id": sid, "object": "session.deleted", "deleted": True})

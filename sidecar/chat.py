@@ -1,0 +1,273 @@
+"""POST /v1/chat/completions: validate, place in a session, admit, generate, relay, remember.
+
+The order matters: a turn is recorded in the session registry only after the engine finished it,
+so a failed, aborted or rejected request never changes what the next turn continues from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from sidecar import keys
+from sidecar.engine_client import LEASE_PARAM
+from sidecar.errors import APIError, invalid_request
+from sidecar.policy import AdmissionRejected, TurnEnd
+from sidecar.relay import Generation
+from sidecar.schema import (
+    ChatCompletionRequest,
+    chunk,
+    completion,
+    completion_id,
+    parse_request,
+    usage_chunk,
+    usage_dict,
+)
+from sidecar.sessions import Resolution, TurnState, extend_fingerprint, fingerprints
+from sidecar.tool_parsers import ContentDelta, ToolCallArgumentsDelta, ToolCallStart, get_tool_parser
+
+SESSION_ID_RE = re.compile(r"^[A-Za-z0-9._:@\-]{1,128}$")
+_DISCONNECTS = (ConnectionResetError, ConnectionError, asyncio.CancelledError)
+
+
+async def read_json_body(request: web.Request) -> Any:
+    if request.content_length is not None and request.content_length > request.app[keys.SETTINGS].server.max_body_bytes:
+        raise APIError(413, "request body too large", code="body_too_large")
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise APIError(413, "request body too large", code="body_too_large") from None
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise invalid_request(f"request body is not valid JSON: {exc}") from None
+
+
+def explicit_session_id(request: web.Request, req: ChatCompletionRequest) -> str | None:
+    sid = request.headers.get("X-Session-Id") or req.session_id or req.user
+    if sid is None:
+        return None
+    if not SESSION_ID_RE.match(sid):
+        raise invalid_request("session id must be 1-128 characters of A-Z a-z 0-9 . _ : @ -", param="session_id")
+    return sid
+
+
+def sampling_params(req: ChatCompletionRequest, settings, stop_ids: list[int], lease_ttl: float | None) -> dict[str, Any]:
+    params: dict[str, Any] = {"max_new_tokens": req.wanted_max_tokens or settings.server.default_max_tokens}
+    optional = {
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": req.top_k,
+        "min_p": req.min_p,
+        "presence_penalty": req.presence_penalty,
+        "frequency_penalty": req.frequency_penalty,
+        "repetition_penalty": req.repetition_penalty,
+        "min_new_tokens": req.min_tokens,
+        "ignore_eos": req.ignore_eos,
+        "sampling_seed": req.seed,
+    }
+    params.update({k: v for k, v in optional.items() if v is not None})
+    if stop_ids and not req.ignore_eos:
+        params["stop_token_ids"] = stop_ids
+    if lease_ttl is not None:
+        params["custom_params"] = {LEASE_PARAM: float(lease_ttl)}
+    return params
+
+
+def prompt_ids(app: web.Application, res: Resolution, messages: list[dict], req: ChatCompletionRequest) -> list[int]:
+    renderer = app[keys.RENDERER]
+    tools = req.template_tools()
+    kwargs = req.chat_template_kwargs
+    if res.base is not None:
+        ids = list(res.base.token_ids)
+        ids += renderer.render_suffix(messages[res.new_messages_from :], res.base.end_id, tools, kwargs)
+    else:
+        ids = renderer.render_full(messages, tools, kwargs)
+    return ids
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    settings = app[keys.SETTINGS]
+    req = parse_request(await read_json_body(request))
+    if len(req.messages) > settings.server.max_messages:
+        raise invalid_request(f"too many messages ({len(req.messages)} > {settings.server.max_messages})", param="messages")
+    explicit = explicit_session_id(request, req)
+    messages = [m.to_template() for m in req.messages]
+    registry, policy, renderer, metrics = app[keys.REGISTRY], app[keys.POLICY], app[keys.RENDERER], app[keys.METRICS]
+
+    res = registry.resolve(messages, explicit)
+    session = res.session
+    session.inflight += 1
+    admitted = False
+    try:
+        ids = prompt_ids(app, res, messages, req)
+        forced = renderer.forced_prefix(req.tool_choice, req.tools)
+        if forced is not None:
+            ids += renderer.encode(forced.text)
+        limit = app[keys.PROMPT_LIMIT]
+        if limit and len(ids) > limit:
+            raise invalid_request(
+                f"prompt is {len(ids)} tokens, more than the limit of {limit}", param="messages", code="context_length_exceeded"
+            )
+        metrics.turns.labels(kind="continued" if res.base else ("new" if res.is_new_session else "branch")).inc()
+        now = time.monotonic()
+        policy.on_request(session.id, len(ids), now)
+        try:
+            await policy.admit(session.id, len(ids), res.is_new_session)
+        except AdmissionRejected as exc:
+            raise APIError(
+                429,
+                str(exc),
+                type="rate_limit_error",
+                code="admission_queue_full",
+                headers={"Retry-After": str(max(1, round(exc.retry_after_s)))},
+            ) from None
+        admitted = True
+        lease = policy.lease_ttl(session.id, len(ids), time.monotonic())
+        payload = {
+            "rid": f"sidecar-{uuid.uuid4().hex}",
+            "input_ids": ids,
+            "session_id": session.id,
+            "sampling_params": sampling_params(req, settings, renderer.eos_ids + list(req.stop_token_ids or []), lease),
+        }
+        parser_name = "none" if (req.tool_choice == "none" or not req.tools) else settings.server.tool_parser
+        gen = Generation(
+            app[keys.ENGINE],
+            payload,
+            renderer.tokenizer,
+            get_tool_parser(parser_name),
+            req.stop,
+            forced.text if forced else None,
+        )
+        if req.stream:
+            response = await stream_reply(request, req, gen)
+        else:
+            response = await full_reply(request, req, gen)
+        remember_turn(app, res, messages, gen, lease)
+        return response
+    finally:
+        session.inflight -= 1
+        if admitted:
+            policy.release_admission(session.id)
+        if not session.turns and not session.inflight and not session.explicit:
+            registry.forget(session.id)  # a first request that failed leaves nothing behind
+
+
+def remember_turn(app: web.Application, res: Resolution, messages: list[dict], gen: Generation, lease: float | None) -> None:
+    result = gen.result
+    reply = gen.reply_message()
+    reply_fp = extend_fingerprint(fingerprints(messages)[-1], {**reply, "content": reply["content"] or ""})
+    ids = gen.payload["input_ids"] + result.output_ids
+    from array import array
+
+    state = TurnState(reply_fp, len(messages) + 1, array("q", ids), result.end_id)
+    registry = app[keys.REGISTRY]
+    registry.record_turn(res.session, state)
+    now = time.monotonic()
+    res.session.lease_until = now + lease if lease else None
+    tool_names = [c.name for c in result.tool_calls]
+    app[keys.POLICY].on_turn_end(TurnEnd(res.session.id, len(ids), tool_names, now))
+    metrics = app[keys.METRICS]
+    metrics.prompt_tokens.inc(result.prompt_tokens)
+    metrics.cached_tokens.inc(result.cached_tokens)
+    metrics.completion_tokens.inc(result.completion_tokens)
+
+
+def _usage(gen: Generation) -> dict[str, Any]:
+    r = gen.result
+    return usage_dict(r.prompt_tokens, r.completion_tokens, r.cached_tokens)
+
+
+async def full_reply(request: web.Request, req: ChatCompletionRequest, gen: Generation) -> web.Response:
+    try:
+        async for _ in gen.events():
+            pass
+    except asyncio.CancelledError:
+        asyncio.ensure_future(gen.engine.abort(gen.rid))
+        raise
+    message = gen.reply_message()
+    if message["content"] is not None:
+        message["content"] = message["content"].strip() or None if gen.result.tool_calls else message["content"]
+    model = request.app[keys.MODEL_NAME]
+    return web.json_response(completion(completion_id(), model, message, gen.result.finish_reason, _usage(gen)))
+
+
+async def stream_reply(request: web.Request, req: ChatCompletionRequest, gen: Generation) -> web.StreamResponse:
+    """SSE exactly as OpenAI frames it; headers go out with the first event, so an engine failure
+    before any output is still a plain HTTP error with its status code."""
+    model = request.app[keys.MODEL_NAME]
+    cid, created = completion_id(), int(time.time())
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    response: web.StreamResponse | None = None
+
+    async def send(payload: dict[str, Any]) -> None:
+        nonlocal response
+        if response is None:
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            await response.prepare(request)
+            await send(chunk(cid, model, created, {"role": "assistant", "content": ""}) | _usage_null(include_usage))
+        await response.write(b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n")
+
+    try:
+        async for event in gen.events():
+            await send(_event_chunk(cid, model, created, event) | _usage_null(include_usage))
+        await send(chunk(cid, model, created, {}, gen.result.finish_reason) | _usage_null(include_usage))
+        if include_usage:
+            await send(usage_chunk(cid, model, created, _usage(gen)))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+    except APIError as err:
+        if response is None:
+            raise
+        await _write_quietly(response, b"data: " + json.dumps(err.body()).encode() + b"\n\n" + b"data: [DONE]\n\n")
+        raise _StreamAlreadyAnswered(response) from err
+    except _DISCONNECTS:
+        if not gen.finished:
+            asyncio.ensure_future(gen.engine.abort(gen.rid))
+        raise
+    return response
+
+
+class _StreamAlreadyAnswered(Exception):
+    """A failure after the SSE headers went out: the error was sent in-stream; nothing to record."""
+
+    def __init__(self, response: web.StreamResponse):
+        super().__init__("stream failed after it started")
+        self.response = response
+
+
+async def _write_quietly(response: web.StreamResponse, data: bytes) -> None:
+    try:
+        await response.write(data)
+        await response.write_eof()
+    except _DISCONNECTS[:2]:
+        pass
+
+
+def _usage_null(include_usage: bool) -> dict[str, Any]:
+    return {"usage": None} if include_usage else {}
+
+
+def _event_chunk(cid: str, model: str, created: int, event) -> dict[str, Any]:
+    if isinstance(event, ContentDelta):
+        return chunk(cid, model, created, {"content": event.text})
+    if isinstance(event, ToolCallStart):
+        call = {"index": event.index, "id": event.id, "type": "function", "function": {"name": event.name, "arguments": ""}}
+        return chunk(cid, model, created, {"tool_calls": [call]})
+    if isinstance(event, ToolCallArgumentsDelta):
+        return chunk(cid, model, created, {"tool_calls": [{"index": event.index, "function": {"arguments": event.arguments}}]})
+    raise TypeError(f"unknown relay event {event!r}")
+
+
+async def handle(request: web.Request) -> web.StreamResponse:
+    try:
+        return await chat_completions(request)
+    except _StreamAlreadyAnswered as done:
+        return done.response

@@ -1,0 +1,105 @@
+"""`sglang-sidecar`: the command line. Flags of `serve` are generated from the settings model."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import typing
+from typing import Any, Literal
+
+import click
+
+from sidecar.settings import SettingsError, flag_name, iter_fields, load_settings
+
+
+def _click_type(annotation) -> tuple[Any, bool]:
+    """(click type, is_bool) for a settings field annotation (Optional and Literal unwrapped)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is Literal:
+        return click.Choice([str(a) for a in typing.get_args(annotation)]), False
+    if args and typing.get_origin(annotation) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return _click_type(args[0])
+    if annotation is bool:
+        return bool, True
+    return {int: int, float: float, str: str}.get(annotation, str), False
+
+
+def settings_options(command):
+    """Decorate a click command with one option per setting; values land in kwargs['overrides']."""
+    for section, name, info in reversed(list(iter_fields())):
+        ctype, is_bool = _click_type(info.annotation)
+        flag = flag_name(section, name)
+        default = info.default if info.default is not None else "none"
+        help_text = f"{info.description} [default: {default}]"
+        decl = f"--{flag}/--no-{flag}" if is_bool else f"--{flag}"
+        command = click.option(decl, f"opt__{section}__{name}", type=None if is_bool else ctype, default=None, help=help_text)(
+            command
+        )
+    return command
+
+
+def collect_overrides(kwargs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    overrides: dict[str, dict[str, Any]] = {}
+    for key in list(kwargs):
+        if key.startswith("opt__"):
+            value = kwargs.pop(key)
+            if value is not None:
+                _, section, name = key.split("__", 2)
+                overrides.setdefault(section, {})[name] = value
+    return overrides
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+def main() -> None:
+    """Agent-session sidecar for SGLang: OpenAI-compatible, token-exact sessions, KV leases."""
+
+
+@main.command()
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings file; flags override it.")
+@settings_options
+def serve(config_file: str | None, **kwargs: Any) -> None:
+    """Serve /v1/chat/completions in front of SGLang's native /generate."""
+    from aiohttp import web
+
+    from sidecar.app import StartupError, create_app, load_tokenizer
+
+    try:
+        settings = load_settings(config_file, collect_overrides(kwargs))
+    except SettingsError as exc:
+        raise click.ClickException(str(exc)) from None
+    logging.basicConfig(
+        level=settings.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        tokenizer = load_tokenizer(settings.server.tokenizer) if settings.server.tokenizer else None
+        app = create_app(settings, tokenizer=tokenizer)
+        web.run_app(
+            app,
+            host=settings.server.host,
+            port=settings.server.port,
+            handler_cancellation=True,
+            access_log=None,
+            print=lambda msg: click.echo(msg, err=True),
+        )
+    except StartupError as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {settings.server.host}:{settings.server.port}: {exc}") from None
+
+
+def _register_optional_commands() -> None:
+    """Commands that live with their own modules (policy replay, benchmarks, simulator)."""
+    try:
+        from sidecar.policy.gap_replay import gap_replay
+
+        main.add_command(gap_replay, "gap-replay")
+    except ImportError:
+        pass
+
+
+_register_optional_commands()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

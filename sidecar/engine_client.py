@@ -1,0 +1,162 @@
+"""HTTP client for SGLang's native API: /generate (streamed), /abort_request, /close_session, info.
+
+Mechanism only: it sends what it is given and maps failures to OpenAI-style errors. Connection
+failures are retried (tenacity) only while nothing has been received, so a retry can never
+duplicate output the agent already got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, AsyncIterator
+
+import aiohttp
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from sidecar.errors import APIError, engine_error, engine_timeout, engine_unavailable, invalid_request
+
+log = logging.getLogger("sidecar.engine")
+
+# Key under sampling_params.custom_params that carries a session lease to the sglang_ext plugin.
+LEASE_PARAM = "session_lease_ttl_s"
+
+
+class EngineClient:
+    def __init__(
+        self,
+        base_url: str,
+        session: aiohttp.ClientSession,
+        *,
+        request_timeout: float = 600.0,
+        connect_retries: int = 3,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.http = session
+        self.request_timeout = request_timeout
+        self.connect_retries = connect_retries
+
+    def _url(self, path: str) -> str:
+        return f"{self.base_url}{path}"
+
+    async def _open(self, method: str, path: str, **kwargs) -> aiohttp.ClientResponse:
+        """Send a request, retrying connection failures; the response is open and status-checked."""
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(aiohttp.ClientConnectorError),
+            stop=stop_after_attempt(self.connect_retries + 1),
+            wait=wait_exponential(multiplier=0.1, max=2.0),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    resp = await self.http.request(method, self._url(path), **kwargs)
+        except aiohttp.ClientConnectorError as exc:
+            raise engine_unavailable(f"SGLang is not reachable at {self.base_url}: {exc}") from None
+        except asyncio.TimeoutError:
+            raise engine_timeout(f"SGLang did not answer {path} in time") from None
+        except aiohttp.ClientError as exc:
+            raise engine_unavailable(f"SGLang connection failed: {exc}") from None
+        if resp.status >= 400:
+            body = await resp.text()
+            resp.release()
+            raise _map_status(resp.status, body)
+        return resp
+
+    async def get_json(self, path: str, timeout: float = 10.0) -> Any:
+        resp = await self._open("GET", path, timeout=aiohttp.ClientTimeout(total=timeout))
+        async with resp:
+            return await resp.json(content_type=None)
+
+    async def server_info(self) -> dict[str, Any]:
+        return await self.get_json("/server_info")
+
+    async def healthy(self, timeout: float = 5.0) -> bool:
+        try:
+            resp = await self.http.get(self._url("/health"), timeout=aiohttp.ClientTimeout(total=timeout))
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return False
+        async with resp:
+            return resp.status == 200
+
+    async def generate_stream(self, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Yield SGLang's stream chunks (cumulative output_ids + meta_info) as they arrive."""
+        body = {**payload, "stream": True}
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=5.0)
+        resp = await self._open("POST", "/generate", json=body, timeout=timeout)
+        try:
+            async for line in resp.content:
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    return
+                event = json.loads(data)
+                if isinstance(event, dict) and "error" in event:
+                    raise _map_stream_error(event["error"])
+                yield event
+        except asyncio.TimeoutError:
+            raise engine_timeout(f"SGLang did not finish within {self.request_timeout:.0f} s") from None
+        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            raise engine_unavailable(f"SGLang dropped the stream: {exc}") from None
+        finally:
+            resp.release()
+
+    async def abort(self, rid: str) -> None:
+        """Best effort: the agent is gone, free the engine's work."""
+        try:
+            resp = await self.http.post(self._url("/abort_request"), json={"rid": rid}, timeout=aiohttp.ClientTimeout(total=5))
+            resp.release()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            log.warning("abort of %s failed: %s", rid, exc)
+
+    async def close_session(self, session_id: str) -> None:
+        """Best effort: ends the session's lease in the plugin (and any SGLang session state)."""
+        try:
+            resp = await self.http.post(
+                self._url("/close_session"), json={"session_id": session_id}, timeout=aiohttp.ClientTimeout(total=5)
+            )
+            resp.release()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            log.warning("close_session %s failed: %s", session_id, exc)
+
+    async def metrics_text(self) -> str | None:
+        try:
+            resp = await self.http.get(self._url("/metrics"), timeout=aiohttp.ClientTimeout(total=5))
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return None
+        async with resp:
+            return await resp.text() if resp.status == 200 else None
+
+
+def _error_message(body: str) -> str:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body.strip()[:500] or "no detail"
+    err = data.get("error", data) if isinstance(data, dict) else data
+    if isinstance(err, dict):
+        return str(err.get("message") or err.get("detail") or err)
+    return str(err)
+
+
+def _map_status(status: int, body: str) -> APIError:
+    message = _error_message(body)
+    if status in (400, 422):
+        return invalid_request(f"SGLang rejected the request: {message}")
+    if status == 429 or status == 503:
+        return APIError(503, f"SGLang is overloaded or starting: {message}", type="engine_unavailable", code="engine_overloaded")
+    if status == 504:
+        return engine_timeout(f"SGLang timed out: {message}")
+    return engine_error(f"SGLang failed with HTTP {status}: {message}")
+
+
+def _map_stream_error(err: Any) -> APIError:
+    if isinstance(err, dict):
+        message = str(err.get("message", err))
+        code = err.get("code")
+        if code in (400, "400") or err.get("type") == "invalid_request_error":
+            return invalid_request(f"SGLang rejected the request: {message}")
+        return engine_error(f"SGLang failed: {message}")
+    return engine_error(f"SGLang failed: {err}")

@@ -1,0 +1,199 @@
+"""Who is this request, and which exact token ids does the engine already hold for its history?
+
+A session is a small tree of *turn states*. Each state is keyed by a fingerprint of the messages
+through the reply the sidecar produced, and stores the exact ids the engine saw (prompt + output).
+A request continues the state whose fingerprint equals its longest message prefix ending in an
+assistant message; anything else starts a new branch that is rendered whole. An explicit session id
+(header ``X-Session-Id``, body ``session_id`` or ``user``) wins; otherwise the fingerprint index
+finds the session implicitly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+MAX_TURN_STATES_PER_SESSION = 64
+
+
+def _canonical(message: dict[str, Any]) -> bytes:
+    """A message reduced to what the model saw: role, text, tool calls (name + parsed arguments).
+
+    Assistant text is compared stripped and tool-call ids are ignored, because agent frameworks
+    re-serialize the replies they got back.
+    """
+    role = message.get("role")
+    content = message.get("content") or ""
+    if role == "assistant":
+        content = content.strip()
+    calls = []
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function", {})
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                pass
+        calls.append([fn.get("name"), args])
+    extra = [message.get("name"), message.get("tool_call_id")] if role == "tool" else [message.get("name")]
+    return json.dumps([role, content, calls, extra], sort_keys=True, ensure_ascii=False).encode()
+
+
+def fingerprints(messages: Iterable[dict[str, Any]]) -> list[bytes]:
+    """Chained digests: element i fingerprints messages[0..i]."""
+    out, h = [], b""
+    for message in messages:
+        h = hashlib.blake2b(h + _canonical(message), digest_size=16).digest()
+        out.append(h)
+    return out
+
+
+def extend_fingerprint(previous: bytes, message: dict[str, Any]) -> bytes:
+    return hashlib.blake2b(previous + _canonical(message), digest_size=16).digest()
+
+
+@dataclass
+class TurnState:
+    """The engine-side truth after one turn: exactly the ids it holds for this history."""
+
+    fingerprint: bytes
+    n_messages: int  # messages covered, the reply included
+    token_ids: array  # prompt ids + generated ids
+    end_id: int | None  # stop token that ended the reply (None: cut by length or stop string)
+
+
+@dataclass
+class Session:
+    id: str
+    explicit: bool
+    created_at: float = field(default_factory=time.monotonic)
+    last_active: float = field(default_factory=time.monotonic)
+    turns: "OrderedDict[bytes, TurnState]" = field(default_factory=OrderedDict)
+    inflight: int = 0
+    context_tokens: int = 0
+    turn_count: int = 0
+    lease_until: float | None = None
+
+    @property
+    def state(self) -> str:
+        if self.inflight:
+            return "generating"
+        if self.lease_until is not None and self.lease_until > time.monotonic():
+            return "leased"
+        return "idle"
+
+    def describe(self) -> dict[str, Any]:
+        now = time.monotonic()
+        return {
+            "id": self.id,
+            "explicit": self.explicit,
+            "state": self.state,
+            "tokens": self.context_tokens,
+            "turns": self.turn_count,
+            "branches": len(self.turns),
+            "idle_s": round(now - self.last_active, 3),
+            "lease_remaining_s": round(max(0.0, self.lease_until - now), 3) if self.lease_until else None,
+        }
+
+
+@dataclass
+class Resolution:
+    """Outcome of matching a request to a session: continue ``base``, or render the whole history."""
+
+    session: Session
+    base: TurnState | None
+    new_messages_from: int  # index of the first message not covered by base
+    is_new_session: bool
+
+
+class SessionRegistry:
+    """One owner for sessions and their turn states; bounded, least recently used forgotten first."""
+
+    def __init__(self, max_sessions: int = 10_000, on_forget=None):
+        self.max_sessions = max_sessions
+        self._on_forget = on_forget  # called with each session dropped to respect max_sessions
+        self._sessions: "OrderedDict[str, Session]" = OrderedDict()
+        self._index: dict[bytes, str] = {}  # turn fingerprint -> session id (implicit recognition)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def get(self, session_id: str) -> Session | None:
+        return self._sessions.get(session_id)
+
+    def all(self) -> list[Session]:
+        return list(self._sessions.values())
+
+    def resolve(self, messages: list[dict[str, Any]], explicit_id: str | None) -> Resolution:
+        prints = fingerprints(messages)
+        if explicit_id is not None:
+            session = self._sessions.get(explicit_id)
+            is_new = session is None
+            if session is None:
+                session = self._add(Session(id=explicit_id, explicit=True))
+            base = self._longest_match(messages, prints, lambda fp: session.turns.get(fp))
+        else:
+            found: list[Session] = []
+
+            def lookup(fp: bytes) -> TurnState | None:
+                sid = self._index.get(fp)
+                owner = self._sessions.get(sid) if sid else None
+                state = owner.turns.get(fp) if owner else None
+                if state is not None:
+                    found.append(owner)
+                return state
+
+            base = self._longest_match(messages, prints, lookup)
+            is_new = base is None
+            session = found[-1] if base is not None else self._add(Session(id=f"sess-{uuid.uuid4().hex}", explicit=False))
+        self._sessions.move_to_end(session.id)
+        return Resolution(session, base, base.n_messages if base else 0, is_new)
+
+    @staticmethod
+    def _longest_match(messages, prints, lookup) -> TurnState | None:
+        for i in range(len(messages) - 1, -1, -1):
+            if messages[i].get("role") != "assistant":
+                continue
+            state = lookup(prints[i])
+            if state is not None and state.n_messages == i + 1:
+                return state
+        return None
+
+    def record_turn(self, session: Session, state: TurnState) -> None:
+        """Remember the ids of a finished turn so the next request can continue it."""
+        session.turns[state.fingerprint] = state
+        session.turns.move_to_end(state.fingerprint)
+        while len(session.turns) > MAX_TURN_STATES_PER_SESSION:
+            old_fp, _ = session.turns.popitem(last=False)
+            if self._index.get(old_fp) == session.id:
+                del self._index[old_fp]
+        self._index[state.fingerprint] = session.id
+        session.context_tokens = len(state.token_ids)
+        session.turn_count += 1
+        session.last_active = time.monotonic()
+
+    def forget(self, session_id: str) -> Session | None:
+        session = self._sessions.pop(session_id, None)
+        if session is not None:
+            for fp in session.turns:
+                if self._index.get(fp) == session_id:
+                    del self._index[fp]
+        return session
+
+    def _add(self, session: Session) -> Session:
+        self._sessions[session.id] = session
+        while len(self._sessions) > self.max_sessions:
+            victim = next((s for s in self._sessions.values() if not s.inflight), None)
+            if victim is None:
+                break
+            self.forget(victim.id)
+            if self._on_forget is not None:
+                self._on_forget(victim)
+        return session

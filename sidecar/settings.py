@@ -1,0 +1,113 @@
+"""The sidecar's settings: one pydantic model, filled alike from CLI flags and a TOML file.
+
+Layout: the ``[server]`` table maps to un-prefixed flags (``--sglang-url``), every other table to
+prefixed ones (``--policy-mode``, ``--admission-headroom``). Flags are generated from the model, so
+``--help`` documents every field and a new field is a new flag without further code.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sidecar.policy.settings import AdmissionSettings, PolicySettings
+
+
+class ServerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sglang_url: str = Field("http://127.0.0.1:30000", description="Base URL of the SGLang server.")
+    host: str = Field("127.0.0.1", description="Address the sidecar listens on.")
+    port: int = Field(8000, ge=0, le=65535, description="Port the sidecar listens on.")
+    tokenizer: str | None = Field(
+        None,
+        description="Model folder with tokenizer and chat template (transformers). "
+        "Default: the tokenizer_path SGLang's /server_info reports.",
+    )
+    model_name: str | None = Field(
+        None, description="Model id served on /v1/models. Default: SGLang's served_model_name."
+    )
+    tool_parser: Literal["hermes", "qwen3", "none"] = Field(
+        "hermes", description="How tool calls are parsed from model output (qwen3 = hermes)."
+    )
+    max_body_bytes: int = Field(
+        32 * 1024 * 1024, ge=1024, description="Largest request body accepted; larger gets 413."
+    )
+    max_messages: int = Field(10_000, ge=1, description="Most messages one request may carry.")
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="Most prompt tokens one request may have. Default: SGLang's max_req_input_len."
+    )
+    default_max_tokens: int = Field(
+        4096, ge=1, description="max_tokens used when the request sets none."
+    )
+    request_timeout: float = Field(
+        600.0, gt=0, description="Seconds one engine request may take before the agent gets 504."
+    )
+    connect_timeout: float = Field(5.0, gt=0, description="Seconds to connect to SGLang.")
+    connect_retries: int = Field(
+        3, ge=0, description="Retries of an engine request that failed to connect (before any output)."
+    )
+    max_sessions: int = Field(
+        10_000, ge=1, description="Most sessions remembered; the least recently used is forgotten."
+    )
+    session_idle_grace: float = Field(
+        60.0, ge=0, description="Seconds past its lease an idle session is kept before it is closed."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+
+
+class SidecarSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    policy: PolicySettings = Field(default_factory=PolicySettings)
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+
+
+class SettingsError(Exception):
+    """A config file or flag value that cannot be used; the message is meant for the user."""
+
+
+def flag_name(section: str, field: str) -> str:
+    name = field.replace("_", "-")
+    return name if section == "server" else f"{section}-{name}"
+
+
+def iter_fields():
+    """(section, field name, FieldInfo) for every setting, in declaration order."""
+    for section, section_info in SidecarSettings.model_fields.items():
+        model = section_info.annotation
+        for name, info in model.model_fields.items():
+            yield section, name, info
+
+
+def load_settings(config_file: str | Path | None = None, overrides: dict[str, dict[str, Any]] | None = None) -> SidecarSettings:
+    """Settings from an optional TOML file, then flag overrides ({section: {field: value}}) on top."""
+    data: dict[str, dict[str, Any]] = {}
+    if config_file is not None:
+        path = Path(config_file)
+        try:
+            raw = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise SettingsError(f"config file not found: {path}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SettingsError(f"cannot read config file {path}: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError(f"config file {path} is not valid TOML: {exc}") from None
+        for section, table in raw.items():
+            if not isinstance(table, dict):
+                raise SettingsError(f"config file {path}: '{section}' must be a table like [{section}]")
+            data[section] = dict(table)
+    for section, values in (overrides or {}).items():
+        data.setdefault(section, {}).update(values)
+    try:
+        return SidecarSettings.model_validate(data)
+    except ValidationError as exc:
+        source = f"config file {config_file}" if config_file else "flags"
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise SettingsError(f"invalid settings ({source}): {problems}") from None
