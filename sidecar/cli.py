@@ -88,6 +88,15 @@ def serve(config_file: str | None, **kwargs: Any) -> None:
         raise click.ClickException(f"cannot listen on {settings.server.host}:{settings.server.port}: {exc}") from None
 
 
+@main.command("settings")
+@click.option("--format", "fmt", type=click.Choice(["toml", "markdown"]), default="toml", show_default=True)
+def settings_command(fmt: str) -> None:
+    """Print every setting with its flag, default and meaning (a config template, or a table)."""
+    from sidecar.settings import settings_reference
+
+    click.echo(settings_reference(fmt))
+
+
 def _register_optional_commands() -> None:
     """Commands that live with their own modules (policy replay, benchmarks, simulator)."""
     try:

@@ -111,3 +111,28 @@ def load_settings(config_file: str | Path | None = None, overrides: dict[str, di
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
         raise SettingsError(f"invalid settings ({source}): {problems}") from None
+
+
+def settings_reference(fmt: str = "toml") -> str:
+    """Every setting documented once: a commented TOML template or a markdown table (README)."""
+    import json
+
+    def show(value):
+        return "(unset)" if value is None else json.dumps(value)
+
+    lines: list[str] = []
+    if fmt == "markdown":
+        lines += ["| flag | config key | default | meaning |", "|---|---|---|---|"]
+        for section, name, info in iter_fields():
+            lines.append(f"| `--{flag_name(section, name)}` | `[{section}] {name}` | `{show(info.default)}` | {info.description} |")
+        return "\n".join(lines)
+    current = None
+    for section, name, info in iter_fields():
+        if section != current:
+            lines += ["", f"[{section}]"]
+            current = section
+        lines.append(f"# {info.description} (flag --{flag_name(section, name)})")
+        prefix = "# " if info.default is None else ""
+        value = '""' if info.default is None else show(info.default)
+        lines.append(f"{prefix}{name} = {value}")
+    return "\n".join(lines).strip() + "\n"

@@ -23,14 +23,14 @@ TOOLS = [
 
 
 @pytest.fixture
-async def sidecar(aiohttp_client, sglang_double, qwen3_tokenizer_dir):
+async def sidecar(aiohttp_client, sglang_double, qwen3_tokenizer_dir, qwen3_tokenizer):
     """A sidecar test client in front of the SGLang double (returns (client, double))."""
 
     async def make(**server):
         settings = load_settings(
             overrides={"server": {"sglang_url": sglang_double.url, "tokenizer": str(qwen3_tokenizer_dir), **server}}
         )
-        return await aiohttp_client(create_app(settings))
+        return await aiohttp_client(create_app(settings, tokenizer=qwen3_tokenizer))
 
     client = await make()
     client.make = make
