@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sidecar import keys
 from sidecar.chat import handle as chat_handler
+from sidecar.chat import read_json_body
 from sidecar.chat_template import ChatRenderer
 from sidecar.engine_client import EngineClient
 from sidecar.errors import APIError, error_middleware
@@ -66,6 +67,7 @@ def create_app(settings: SidecarSettings, tokenizer=None) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/sessions", sessions)
     app.router.add_delete("/v1/sessions/{session_id}", close_session)
+    app.router.add_post("/close_session", close_session)  # SGLang's own route, for drop-in clients
     return app
 
 
@@ -213,7 +215,12 @@ async def sessions(request: web.Request) -> web.Response:
 
 
 async def close_session(request: web.Request) -> web.Response:
-    sid = request.match_info["session_id"]
+    sid = request.match_info.get("session_id")
+    if sid is None:
+        body = await read_json_body(request) if request.can_read_body else {}
+        sid = body.get("session_id") if isinstance(body, dict) else None
+        if not isinstance(sid, str):
+            raise APIError(400, "session_id is required", param="session_id")
     registry = request.app[keys.REGISTRY]
     session = registry.get(sid)
     if session is None:

@@ -368,3 +368,7 @@ async def test_close_session_route_releases_in_sglang(sidecar):
     await asyncio.sleep(0.05)
     assert double.closed_sessions[-1]["session_id"] == "done-1"
     assert (await client.delete("/v1/sessions/done-1")).status == 404
+    # SGLang's own route works too, for clients that already speak it.
+    await _chat(client, {"messages": [{"role": "user", "content": "y"}]}, {"X-Session-Id": "done-2"})
+    assert (await client.post("/close_session", json={"session_id": "done-2"})).status == 200
+    assert "done-2" not in {s["id"] for s in (await (await client.get("/v1/sessions")).json())["data"]}
