@@ -113,12 +113,8 @@ def configure(app: web.Application, engine: EngineClient, tokenizer, info: dict[
     app[keys.MODEL_NAME] = settings.server.model_name or info.get("served_model_name") or info.get("model_path") or "default"
     app[keys.PROMPT_LIMIT] = settings.server.max_prompt_tokens or int(info.get("max_req_input_len") or 0)
     capacity = EngineCapacity(max_total_num_tokens=int(info.get("max_total_num_tokens") or 0))
-    policy = build_policy(settings, capacity)
-    app[keys.POLICY] = policy
+    app[keys.POLICY] = build_policy(settings, capacity, registry=app[keys.METRICS].registry)
     app[keys.REGISTRY] = SessionRegistry(settings.server.max_sessions, on_forget=lambda s: _closed(app, s.id, "capacity"))
-    register_policy_metrics = getattr(policy, "register_metrics", None)
-    if register_policy_metrics is not None:
-        register_policy_metrics(app[keys.METRICS].registry)
 
 
 def _closed(app: web.Application, session_id: str, reason: str) -> None:
@@ -128,26 +124,13 @@ def _closed(app: web.Application, session_id: str, reason: str) -> None:
     asyncio.ensure_future(app[keys.ENGINE].close_session(session_id))
 
 
-def sessions_due(app: web.Application, now: float) -> list[str]:
-    """Sessions to close: the policy's pick if it has one, else idle past lease + grace."""
-    policy_pick = getattr(app[keys.POLICY], "sessions_to_close", None)
-    if policy_pick is not None:
-        return list(policy_pick(now))
-    grace = app[keys.SETTINGS].server.session_idle_grace
-    due = []
-    for session in app[keys.REGISTRY].all():
-        idle_from = max(session.last_active, session.lease_until or 0.0)
-        if not session.inflight and now - idle_from > grace:
-            due.append(session.id)
-    return due
-
-
 async def close_due_sessions(app: web.Application) -> int:
+    """Close what the policy says is done (idle past lease + grace, or over the table bound)."""
     registry = app[keys.REGISTRY]
     closed = 0
-    for sid in sessions_due(app, time.monotonic()):
+    for sid in app[keys.POLICY].sessions_to_close(time.monotonic()):
         session = registry.get(sid)
-        if session is None or session.inflight:
+        if session is not None and session.inflight:
             continue
         registry.forget(sid)
         _closed(app, sid, "idle")

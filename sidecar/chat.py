@@ -117,8 +117,6 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                 f"prompt is {len(ids)} tokens, more than the limit of {limit}", param="messages", code="context_length_exceeded"
             )
         metrics.turns.labels(kind="continued" if res.base else ("new" if res.is_new_session else "branch")).inc()
-        now = time.monotonic()
-        policy.on_request(session.id, len(ids), now)
         try:
             await policy.admit(session.id, len(ids), res.is_new_session)
         except AdmissionRejected as exc:
@@ -130,6 +128,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                 headers={"Retry-After": str(max(1, round(exc.retry_after_s)))},
             ) from None
         admitted = True
+        policy.on_request(session.id, len(ids), time.monotonic())
         lease = policy.lease_ttl(session.id, len(ids), time.monotonic())
         payload = {
             "rid": f"sidecar-{uuid.uuid4().hex}",

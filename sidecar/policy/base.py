@@ -1,0 +1,30 @@
+"""The values the HTTP layer and the policy exchange (re-exported by ``sidecar.policy``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class AdmissionRejected(Exception):
+    """The admission queue is full: the caller answers 429 with Retry-After."""
+
+    def __init__(self, retry_after_s: float):
+        super().__init__(f"admission queue full; retry after {retry_after_s:.1f} s")
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class EngineCapacity:
+    """What the engine told us about its KV pool (SGLang /server_info)."""
+
+    max_total_num_tokens: int
+
+
+@dataclass
+class TurnEnd:
+    """A finished turn, as the policy sees it."""
+
+    session_id: str
+    context_tokens: int  # prompt + output tokens the session now holds in KV
+    tool_names: list[str] = field(default_factory=list)  # tools the reply asked for ([] = none)
+    finished_at: float = 0.0  # time.monotonic() when the reply ended

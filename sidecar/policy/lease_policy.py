@@ -1,0 +1,234 @@
+"""The sidecar's session policy: predictor + TTL rule + admission gate + session lifecycle.
+
+Call order per request (see ``sidecar.policy.SessionPolicy``):
+    admit -> on_request -> lease_ttl -> (engine turn) -> on_turn_end -> release_admission
+and periodically sessions_to_close(now) -> /close_session -> on_session_closed.
+All times are the injectable clock's (time.monotonic by default), like TurnEnd.finished_at.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry
+
+from sidecar.policy.admission import AdmissionGate
+from sidecar.policy.base import EngineCapacity, TurnEnd
+from sidecar.policy.lifecycle import SessionState, SessionTable
+from sidecar.policy.metrics import PolicyMetrics
+from sidecar.policy.predictor import ReturnTimePredictor, tool_keys
+from sidecar.policy.settings import AdmissionSettings, PolicySettings
+from sidecar.policy.ttl import LeaseTtlRule
+
+GROWTH_LEARNING_RATE = 0.1
+
+
+class LeasePolicy:
+    def __init__(
+        self,
+        policy: PolicySettings,
+        admission: AdmissionSettings,
+        capacity: EngineCapacity,
+        *,
+        max_sessions: int = 10_000,
+        idle_grace_s: float = 60.0,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.settings = policy
+        self.admission_settings = admission
+        self.capacity = capacity
+        self.clock = clock
+        self.predictor = ReturnTimePredictor(policy)
+        self.ttl_rule = LeaseTtlRule(policy)
+        self.table = SessionTable(max_sessions, idle_grace_s)
+        self.metrics = PolicyMetrics(registry if registry is not None else CollectorRegistry())
+        self.growth_tokens = float(admission.expected_growth_tokens)
+        self.gate = AdmissionGate(
+            admission,
+            capacity.max_total_num_tokens,
+            resident=lambda: self._resident_summary(self.clock())[1:],
+            grant=self._start_request,
+            ungrant=self.release_admission,
+            clock=clock,
+            metrics=self.metrics,
+        )
+        self.metrics.bind_state(
+            queue_length=lambda: self.gate.queue_length,
+            resident=lambda: self._resident_summary(self.clock()),
+            sessions=lambda: len(self.table),
+        )
+
+    # ------------------------------------------------------------------ admission
+    async def admit(self, session_id: str, prompt_tokens: int, is_new_session: bool) -> None:
+        """Wait until the request may start; AdmissionRejected when the queue is full.
+
+        Only a new session's first request is gated (and only with admission enabled).
+        """
+        if is_new_session and self.admission_settings.enabled:
+            projected = prompt_tokens + self.growth_tokens
+            await self.gate.wait(session_id, prompt_tokens, projected)
+        else:
+            self._start_request(session_id, prompt_tokens)
+
+    def release_admission(self, session_id: str) -> None:
+        """The request admitted by ``admit`` is over (finished, failed or aborted)."""
+        state = self.table.get(session_id)
+        if state is not None:
+            state.in_flight = max(0, state.in_flight - 1)
+            state.last_active = max(state.last_active, self.clock())
+        self.gate.pump()
+
+    def _state(self, session_id: str, now: float) -> SessionState:
+        """The session's state; a session closed earlier comes back with its open gap."""
+        if self.table.get(session_id) is None:
+            reopened = self.table.reopen(session_id, now, self.predictor.grid.horizon_s)
+            return self.table.get_or_create(session_id, now, reopened)
+        return self.table.get_or_create(session_id, now)
+
+    def _start_request(self, session_id: str, prompt_tokens: int) -> None:
+        now = self.clock()
+        state = self._state(session_id, now)
+        state.in_flight += 1
+        state.closing = False
+        state.last_active = now
+        if state.turn_ended_at is None:  # (else on_request settles the gap with the old size first)
+            state.context_tokens = max(state.context_tokens, prompt_tokens)
+
+    # ------------------------------------------------------------------ turns
+    def on_request(self, session_id: str, context_tokens: int, now: float) -> None:
+        """A request arrived: closes the open gap (learns it) and scores the lease that covered it."""
+        state = self._state(session_id, now)
+        if state.turn_ended_at is not None:
+            self._close_gap(state, now)
+        if (
+            self.admission_settings.learn_growth
+            and state.last_prompt_tokens is not None
+            and context_tokens >= state.last_prompt_tokens
+        ):
+            growth = context_tokens - state.last_prompt_tokens
+            self.growth_tokens += GROWTH_LEARNING_RATE * (growth - self.growth_tokens)
+        state.last_prompt_tokens = context_tokens
+        state.context_tokens = context_tokens
+        state.last_active = max(state.last_active, now)
+        state.closing = False
+
+    def lease_ttl(self, session_id: str, context_tokens: int, now: float) -> float | None:
+        """TTL to send with this request: how long SGLang keeps the KV after the turn (None = no lease).
+
+        The reply's tool calls are not known yet, so the prediction mixes the tools replies at
+        this context size tend to call, stretched by this session's speed factor.
+        """
+        state = self._state(session_id, now)
+        dist = None
+        if self.settings.mode == "predictive":
+            dist = self.predictor.next_reply_distribution(state.gap_stats, context_tokens)
+        ttl = self.ttl_rule.ttl(dist, context_tokens, 0.0, self._resident_fraction(now))
+        state.pending_ttl = ttl
+        if ttl is not None:
+            self.metrics.lease_granted(ttl)
+        return ttl
+
+    def on_turn_end(self, turn: TurnEnd) -> None:
+        """The reply ended: the lease sent with the request starts, and so does the gap."""
+        now = turn.finished_at
+        state = self._state(turn.session_id, now)
+        state.context_tokens = turn.context_tokens
+        state.turn_ended_at = now
+        state.turn_tools = tool_keys(turn.tool_names)
+        state.last_active = max(state.last_active, now)
+        ttl, state.pending_ttl = state.pending_ttl, None
+        state.lease_expires_at = now + ttl if ttl else None
+        predicted = self.predictor.distribution(state.turn_tools, state.gap_stats).median()
+        state.predicted_gap_s = min(predicted, self.predictor.grid.horizon_s)
+        self.metrics.gap_predicted_at_turn_end(state.predicted_gap_s)
+        self.gate.pump()
+
+    def revised_lease_ttl(self, session_id: str, now: float) -> float | None:
+        """Optional: a TTL counted from ``now``, now that the reply's tools are known.
+
+        Only for a lease channel that can update a lease between requests; call it right after
+        ``on_turn_end`` and send the result. None = leave the lease as it is.
+        """
+        state = self.table.get(session_id)
+        if state is None or state.turn_ended_at is None or self.settings.mode != "predictive":
+            return None
+        dist = self.predictor.distribution(state.turn_tools, state.gap_stats)
+        elapsed = max(0.0, now - state.turn_ended_at)
+        ttl = self.ttl_rule.ttl(dist, state.context_tokens, elapsed, self._resident_fraction(now))
+        if ttl is None:
+            return None
+        state.lease_expires_at = now + ttl
+        self.metrics.lease_granted(ttl)
+        return ttl
+
+    # ------------------------------------------------------------------ lifecycle
+    def sessions_to_close(self, now: float) -> list[str]:
+        """Sessions to close in SGLang now (idle past lease + grace, or dropped from a full table).
+
+        Each id is reported once; call ``on_session_closed`` after closing it. Also lets waiting
+        new sessions in as leases expire, so call it every second or so.
+        """
+        self.gate.pump()
+        due: list[str] = []
+        for state in self.table.take_dropped():
+            self._forget(state, now, "table_full")
+            due.append(state.session_id)
+        for state in self.table.due_for_close(now):
+            state.closing = True
+            due.append(state.session_id)
+        return due
+
+    def on_session_closed(self, session_id: str) -> None:
+        """The session was closed in SGLang / forgotten by the registry; unknown ids are ignored."""
+        state = self.table.pop(session_id)
+        if state is None:
+            return
+        self._forget(state, self.clock(), "idle")
+        self.gate.pump()
+
+    # ------------------------------------------------------------------ internals
+    def _close_gap(self, state: SessionState, now: float) -> None:
+        gap = max(0.0, now - state.turn_ended_at)
+        reopened = state.censored is not None
+        if reopened:  # closed as "not back", but it was: learn the true gap instead
+            self.predictor.retract(state.censored)
+            state.censored = None
+        self.predictor.observe(
+            state.turn_tools, gap, state.gap_stats, state.context_tokens, count_mix=not reopened
+        )
+        self.metrics.gap_observed(gap, state.predicted_gap_s)
+        expires = state.lease_expires_at
+        if reopened:
+            pass  # its lease was already counted as unused when it was closed
+        elif expires is None:
+            self.metrics.lease_outcome("unleased")
+        else:
+            held = state.context_tokens * max(0.0, min(now, expires) - state.turn_ended_at)
+            self.metrics.lease_outcome("hit" if now <= expires else "miss", held)
+        state.turn_ended_at = None
+        state.lease_expires_at = None
+        state.predicted_gap_s = None
+
+    def _forget(self, state: SessionState, now: float, reason: str) -> None:
+        if state.turn_ended_at is not None:
+            if state.censored is None:
+                state.censored = self.predictor.observe_censored(state.turn_tools, state.context_tokens)
+            if state.lease_expires_at is not None:
+                held = state.context_tokens * max(0.0, min(now, state.lease_expires_at) - state.turn_ended_at)
+                self.metrics.lease_outcome("unused", held)
+            self.table.remember_closed(state)
+        self.metrics.session_closed(reason)
+
+    def _resident_summary(self, now: float) -> tuple[float, float, int]:
+        """(tokens, tokens projected to the next turn, sessions) of the resident sessions."""
+        resident = self.table.resident(now)
+        tokens = float(sum(s.context_tokens for s in resident))
+        return tokens, tokens + self.growth_tokens * len(resident), len(resident)
+
+    def _resident_fraction(self, now: float) -> float:
+        capacity = self.capacity.max_total_num_tokens
+        if capacity <= 0 or self.settings.kv_pressure_gain == 0 or self.settings.mode != "predictive":
+            return 0.0
+        return min(self._resident_summary(now)[0] / capacity, 1.0)

@@ -1,0 +1,254 @@
+"""When does a session come back? Learned online from the tool gaps the sidecar observes.
+
+Model (hierarchical, in log time):
+* global:  a decayed histogram of every gap, shrunk toward a log-normal prior
+           (``prior_weight`` pseudo-observations of LogNormal(prior_median_s, prior_sigma));
+* tool:    one decayed histogram per tool name (the reply's tool_calls; no tool = "(none)"),
+           shrunk toward the global distribution with ``tool_shrinkage`` pseudo-observations;
+* session: a speed factor, exp(mean log(actual / tool median)) over the session's gaps, shrunk
+           toward 1 with ``session_shrinkage`` pseudo-observations; it stretches the tool's
+           distribution in time. Tool histograms learn the de-stretched gaps.
+A reply that asks for several tools is predicted by its slowest tool (largest median). Before the
+reply is known (the lease is sent with the request), the prediction is the mixture of tool
+distributions weighted by how often replies at this context size (one class per doubling) asked
+for each, shrunk toward the overall mix - a session's last reply, with its largest context, is
+the one that never comes back.
+
+Forgetting: each observation multiplies a histogram's old weight by 0.5 ** (1 / half_life_obs),
+so a tool whose gaps change is re-learned within a few half-lives. A session that is closed
+without coming back counts as "never back" (the overflow bin) until it does come back, when that
+observation is taken back and the true gap learned instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from sidecar.policy.distribution import GapDistribution, LogTimeGrid
+from sidecar.policy.settings import PolicySettings
+
+NO_TOOL = "(none)"
+MAX_TOOL_NAME_CHARS = 64
+MAX_SESSION_SCALE = 20.0
+
+
+def context_bucket(context_tokens: int) -> int:
+    """Context size class: 0 below 4K tokens, then one per doubling."""
+    return max(0, int(context_tokens).bit_length() - 12)
+
+
+def tool_keys(tool_names: Iterable[str]) -> tuple[str, ...]:
+    """Sorted distinct tool names of one reply, truncated; a reply without tools is ("(none)",)."""
+    keys = {(name or "").strip()[:MAX_TOOL_NAME_CHARS] or "(unnamed)" for name in tool_names}
+    return tuple(sorted(keys)) or (NO_TOOL,)
+
+
+class DecayedHistogram:
+    """Bin weights where each new observation first scales the old ones by ``decay``."""
+
+    __slots__ = ("counts", "decay", "updates")
+
+    def __init__(self, size: int, decay: float):
+        self.counts = np.zeros(size)
+        self.decay = decay
+        self.updates = 0
+
+    def add(self, mass: np.ndarray) -> None:
+        self.counts *= self.decay
+        self.counts += mass
+        self.updates += 1
+
+    def remove(self, mass: np.ndarray, added_at_update: int) -> None:
+        """Take back ``mass`` added when ``updates`` was ``added_at_update`` (decayed since)."""
+        self.counts -= mass * self.decay ** (self.updates - added_at_update)
+        np.maximum(self.counts, 0.0, out=self.counts)
+
+    @property
+    def total(self) -> float:
+        return float(self.counts.sum())
+
+
+@dataclass
+class CensoredMark:
+    """What one censored observation added, so it can be taken back if the session returns."""
+
+    added: list[tuple[DecayedHistogram, np.ndarray, int]]
+
+
+@dataclass
+class SessionGapStats:
+    """What the predictor knows about one session (kept in the session table)."""
+
+    log_shift_sum: float = 0.0  # decayed sum of log(actual gap / tool median)
+    shift_weight: float = 0.0  # decayed number of those
+
+
+class ReturnTimePredictor:
+    def __init__(self, settings: PolicySettings, grid: LogTimeGrid | None = None):
+        self.settings = settings
+        self.grid = grid or LogTimeGrid(min_s=0.01, horizon_s=settings.horizon_s)
+        self.decay = 0.5 ** (1.0 / settings.half_life_obs)
+        self._prior = self.grid.lognormal_pmf(settings.prior_median_s, settings.prior_sigma)
+        self._never = np.zeros(self.grid.size)  # one observation "not back within the horizon"
+        self._never[self.grid.overflow] = 1.0
+        self._never.flags.writeable = False
+        self._global = DecayedHistogram(self.grid.size, self.decay)
+        self._tools: OrderedDict[str, DecayedHistogram] = OrderedDict()
+        self._global_mix: dict[str, float] = {}
+        self._mix_by_context: dict[int, dict[str, float]] = {}
+        self.observations = 0
+
+    # ------------------------------------------------------------------ prediction
+    def distribution(self, tool_names: Iterable[str], session: SessionGapStats | None = None) -> GapDistribution:
+        """Gap after a reply that asked for ``tool_names`` ([] = no tool)."""
+        key = self._dominant_key(tool_keys(tool_names))
+        return GapDistribution(self.grid, self._key_pmf(key), self.session_scale(session))
+
+    def next_reply_distribution(
+        self, session: SessionGapStats | None = None, context_tokens: int | None = None
+    ) -> GapDistribution:
+        """Gap after the coming reply, whose tool calls are not known yet."""
+        weights = {k: w for k, w in self._population_mix(context_tokens).items() if w > 0 and k in self._tools}
+        total = sum(weights.values())
+        global_pmf = self._global_pmf()
+        if total <= 0:
+            pmf = global_pmf
+        else:
+            pmf = sum(w / total * self._key_pmf(k, global_pmf) for k, w in weights.items())
+        return GapDistribution(self.grid, pmf, self.session_scale(session))
+
+    def _population_mix(self, context_tokens: int | None) -> dict[str, float]:
+        """P(next reply's dominant tool = k) across sessions, given the context size if known."""
+        total = sum(self._global_mix.values())
+        if total <= 0:
+            return {}
+        overall = {k: c / total for k, c in self._global_mix.items()}
+        bucket = self._mix_by_context.get(context_bucket(context_tokens)) if context_tokens else None
+        if not bucket:
+            return overall
+        m = self.settings.tool_shrinkage
+        bucket_total = sum(bucket.values())
+        return {k: (bucket.get(k, 0.0) + m * p) / (bucket_total + m) for k, p in overall.items()}
+
+    def session_scale(self, session: SessionGapStats | None) -> float:
+        """How much slower (>1) or faster (<1) than usual this session comes back."""
+        if session is None or session.shift_weight <= 0:
+            return 1.0
+        shift = session.log_shift_sum / (session.shift_weight + self.settings.session_shrinkage)
+        return float(min(max(math.exp(shift), 1 / MAX_SESSION_SCALE), MAX_SESSION_SCALE))
+
+    def known_tools(self) -> list[str]:
+        return list(self._tools)
+
+    # ------------------------------------------------------------------ learning
+    def observe(
+        self,
+        tool_names: Iterable[str],
+        gap_s: float,
+        session: SessionGapStats | None = None,
+        context_tokens: int | None = None,
+        count_mix: bool = True,
+    ) -> None:
+        """The session came back ``gap_s`` seconds after a reply that asked for ``tool_names``.
+
+        ``count_mix=False``: the reply was already counted in the tool mix (by a censored
+        observation now retracted).
+        """
+        keys = tool_keys(tool_names)
+        dominant = self._dominant_key(keys)
+        scale = self.session_scale(session)
+        base_gap = max(gap_s, 0.0) / scale
+        if session is not None:
+            median = GapDistribution(self.grid, self._key_pmf(dominant)).median()
+            if math.isfinite(median) and median > 0:
+                clamped = min(max(gap_s, self.grid.min_s), self.grid.horizon_s)
+                residual = math.log(clamped / median)
+                session.log_shift_sum = session.log_shift_sum * self.decay + residual
+                session.shift_weight = session.shift_weight * self.decay + 1.0
+        onehot = np.zeros(self.grid.size)
+        onehot[self.grid.bin_of(base_gap)] = 1.0
+        self._learn(keys, dominant, onehot, context_tokens, count_mix)
+
+    def observe_censored(self, tool_names: Iterable[str], context_tokens: int | None = None) -> CensoredMark:
+        """A session was closed without coming back after a reply that asked for ``tool_names``.
+
+        Learned as "not back within the horizon" (overflow bin). If the session comes back after
+        all, ``retract`` the returned mark and ``observe`` the true gap (the session table keeps
+        closed sessions' gaps for that), so only sessions that never return stay counted as such.
+        """
+        keys = tool_keys(tool_names)
+        dominant = self._dominant_key(keys)
+        return CensoredMark(self._learn(keys, dominant, self._never, context_tokens, True))
+
+    def retract(self, mark: CensoredMark) -> None:
+        """Undo a censored observation (the session came back after all; observe its gap next)."""
+        live = {id(h) for h in self._tools.values()} | {id(self._global)}
+        for hist, mass, at in mark.added:
+            if id(hist) in live:
+                hist.remove(mass, at)
+
+    # ------------------------------------------------------------------ internals
+    def _learn(self, keys, dominant, mass: np.ndarray, context_tokens, count_mix):
+        """Add one observation to each tool's and the global histogram; returns what was added."""
+        added = []
+        for key in keys:
+            hist = self._tools.get(key) or self._new_tool(key)
+            self._tools.move_to_end(key)
+            hist.add(mass)
+            added.append((hist, mass, hist.updates))
+        self._global.add(mass)
+        added.append((self._global, mass, self._global.updates))
+        self.observations += 1
+        if count_mix:
+            self._count_mix(dominant, context_tokens)
+        return added
+
+    def _count_mix(self, dominant: str, context_tokens: int | None) -> None:
+        for k in self._global_mix:
+            self._global_mix[k] *= self.decay
+        self._global_mix[dominant] = self._global_mix.get(dominant, 0.0) + 1.0
+        if context_tokens:
+            bucket = self._mix_by_context.setdefault(context_bucket(context_tokens), {})
+            for k in bucket:
+                bucket[k] *= self.decay
+            bucket[dominant] = bucket.get(dominant, 0.0) + 1.0
+
+    def _new_tool(self, key: str) -> DecayedHistogram:
+        hist = DecayedHistogram(self.grid.size, self.decay)
+        self._tools[key] = hist
+        while len(self._tools) > self.settings.max_tools:
+            dropped, _ = self._tools.popitem(last=False)
+            self._global_mix.pop(dropped, None)
+            for bucket in self._mix_by_context.values():
+                bucket.pop(dropped, None)
+        return hist
+
+    def _global_pmf(self) -> np.ndarray:
+        k0 = self.settings.prior_weight
+        total = self._global.total
+        if total + k0 <= 0:
+            return self._prior.copy()
+        return (self._global.counts + k0 * self._prior) / (total + k0)
+
+    def _key_pmf(self, key: str, global_pmf: np.ndarray | None = None) -> np.ndarray:
+        if global_pmf is None:
+            global_pmf = self._global_pmf()
+        hist = self._tools.get(key)
+        if hist is None:
+            return global_pmf
+        k1 = self.settings.tool_shrinkage
+        total = hist.total
+        if total + k1 <= 0:
+            return global_pmf
+        return (hist.counts + k1 * global_pmf) / (total + k1)
+
+    def _dominant_key(self, keys: tuple[str, ...]) -> str:
+        if len(keys) == 1:
+            return keys[0]
+        medians = {k: GapDistribution(self.grid, self._key_pmf(k)).median() for k in keys}
+        return max(keys, key=lambda k: (medians[k], k))

@@ -1,0 +1,106 @@
+"""Settings of the per-session policy: lease TTLs, return-time prediction and admission.
+
+Each field is one CLI flag (``--policy-<field>`` / ``--admission-<field>``) and one key of the
+``[policy]`` / ``[admission]`` tables of the TOML config file.
+
+Cost units of the TTL rule: seconds of engine time. Recomputing a context of N tokens costs
+``N * recompute_s_per_token * (1 + N / recompute_quadratic_tokens)``; holding N idle tokens for t
+seconds costs ``kv_cost_weight * N * t``. For a session sure to return, holding pays up to the
+break-even time ``recompute_s_per_token * (1 + N / Q) / kv_cost_weight`` (50 s for a short context
+with the defaults, 126 s at 100K tokens).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class PolicySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["off", "fixed", "predictive"] = Field(
+        "off", description="Lease TTL policy: off (no leases), fixed (--policy-fixed-ttl), predictive."
+    )
+    fixed_ttl: float = Field(30.0, ge=0, description="Lease TTL in seconds for mode=fixed.")
+
+    # --- predictive TTL: bounds and cost weights ---
+    min_ttl: float = Field(
+        0.5, ge=0, description="Shortest lease (s) in mode=predictive, given even when holding does not pay."
+    )
+    max_ttl: float = Field(600.0, gt=0, description="Longest lease (s) in mode=predictive.")
+    recompute_s_per_token: float = Field(
+        5e-5, gt=0, description="Engine seconds to prefill one context token (1 / prefill throughput)."
+    )
+    recompute_quadratic_tokens: int = Field(
+        65536,
+        ge=0,
+        description="Context length at which attention doubles the per-token recompute cost (0 = linear).",
+    )
+    kv_cost_weight: float = Field(
+        1e-6, gt=0, description="Engine seconds charged per token-second of idle leased KV."
+    )
+    kv_pressure_gain: float = Field(
+        1.0,
+        ge=0,
+        description="Holding cost grows by this factor times the KV pool's resident fraction (0 = ignore pressure).",
+    )
+
+    # --- return-time predictor ---
+    prior_median_s: float = Field(
+        2.0, gt=0, description="Median of the log-normal prior gap before anything is learned (s)."
+    )
+    prior_sigma: float = Field(1.5, gt=0, description="Log-space spread of the prior gap distribution.")
+    prior_weight: float = Field(
+        4.0, ge=0, description="Pseudo-observations the prior counts for against the global histogram."
+    )
+    tool_shrinkage: float = Field(
+        8.0, ge=0, description="Pseudo-observations of the global distribution mixed into each tool's."
+    )
+    session_shrinkage: float = Field(
+        4.0, ge=0, description="Pseudo-observations pulling a session's speed factor toward 1."
+    )
+    half_life_obs: float = Field(
+        50.0, gt=0, description="Observations after which an old gap counts half (forgetting; sets adaptation speed)."
+    )
+    horizon_s: float = Field(
+        3600.0, gt=1, description="Gaps longer than this (s) count as 'not coming back'."
+    )
+    max_tools: int = Field(256, ge=1, description="Most tool names tracked; the least recently seen is dropped.")
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> PolicySettings:
+        if self.min_ttl > self.max_ttl:
+            raise ValueError(f"min_ttl ({self.min_ttl}) must not exceed max_ttl ({self.max_ttl})")
+        if self.max_ttl > self.horizon_s:
+            raise ValueError(f"max_ttl ({self.max_ttl}) must not exceed horizon_s ({self.horizon_s})")
+        return self
+
+
+class AdmissionSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(False, description="Gate new sessions on projected KV fit.")
+    headroom: float = Field(
+        0.9,
+        gt=0,
+        le=2.0,
+        description="Admit a new session while resident sessions' projected tokens stay under this fraction of max_total_num_tokens.",
+    )
+    expected_growth_tokens: int = Field(
+        1500, ge=0, description="Tokens a session is expected to add per turn before any is observed."
+    )
+    learn_growth: bool = Field(
+        True, description="Learn the per-turn growth (append + output) from observed turns."
+    )
+    max_queue: int = Field(64, ge=0, description="Most new sessions waiting; beyond it they get 429.")
+    max_wait: float = Field(
+        120.0, ge=0, description="Seconds a waiting session waits at most before it is let through anyway (0 = no limit)."
+    )
+    retry_after: float = Field(
+        5.0, ge=1, description="Least Retry-After (s) on 429; raised to the recent mean admission wait."
+    )
+    poll_interval: float = Field(
+        0.5, gt=0, description="Seconds between re-checks of a waiting session (leases expire over time)."
+    )
