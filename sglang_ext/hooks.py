@@ -1,0 +1,396 @@
+"""Where the plugin meets SGLang 0.5.23: HookRegistry hooks, thin adapters only.
+
+Every hook finds the lease manager through the cache it is given
+(``cache.tree_core.eviction_strategy`` is our ``SessionTTLStrategy``); with any
+other eviction policy every hook is a no-op. Hook bodies never raise into SGLang
+(errors are logged) unless ``SGLANG_EXT_STRICT=1`` (tests).
+
+Call sites (scheduler process unless noted):
+* tree core selection  -> Python TreeCore for session_ttl (the Rust core rejects it)
+* UnifiedRadixCache.on_release -> grant / renew / end a lease when a request finishes
+* UnifiedRadixCache.reset      -> drop leases with the tree (flush_cache)
+* UnifiedRadixCache._evict_device_leaf -> count evictions of (soft-)leased KV
+* Scheduler.close_session / handle_generate_request -> release / reopen a session
+* Scheduler._poll_timeout_aborts (rank 0) -> emit a LeaseClockTick into the input
+  broadcast; Scheduler.init_request_dispatcher -> handle it on every rank (expiry)
+* PrefillAdder.add_one_req + Scheduler._get_new_batch_prefill_raw -> prefill valve
+* ScheduleBatch.check_decode_mem -> decode valve (release leases before retracting)
+* SchedulerInternalStateController.get_internal_state -> lease stats in /server_info
+* resolution step handle_cache_compatibility (main process) -> validate settings early
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .manager import LeaseManager
+from .settings import POLICY_NAME, SessionTTLSettings
+from .strategy import SessionTTLStrategy
+
+logger = logging.getLogger(__name__)
+
+_SCHED = "sglang.srt.managers.scheduler.Scheduler"
+_CACHE = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
+
+
+# --------------------------------------------------------------------------- helpers
+def _strict() -> bool:
+    return os.environ.get("SGLANG_EXT_STRICT") == "1"
+
+
+def _guarded(fn: Callable) -> Callable:
+    """Log instead of raising: a plugin bug must not take the scheduler down."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception:
+            if _strict():
+                raise
+            logger.exception("sglang_ext: hook %s failed", fn.__name__)
+            return None
+
+    return wrapper
+
+
+def manager_of(cache: Any) -> LeaseManager | None:
+    """The lease manager of ``cache``, or None when session_ttl is not its policy."""
+    if cache is None or getattr(cache, "disable", False):
+        return None
+    core = getattr(cache, "tree_core", None)
+    strategy = getattr(core, "eviction_strategy", None)
+    if not isinstance(strategy, SessionTTLStrategy) or not hasattr(core, "node_by_id"):
+        return None
+    return strategy.bind(cache)
+
+
+def _session_ids(reqs: Iterable[Any]) -> set[str]:
+    return {r.session_id for r in reqs if getattr(r, "session_id", None)}
+
+
+def _busy_sessions(scheduler: Any) -> set[str]:
+    """Sessions with a request queued or running: their lease is about to be used."""
+    running = getattr(getattr(scheduler, "running_batch", None), "reqs", None) or []
+    return _session_ids(list(scheduler.waiting_queue) + list(running))
+
+
+# ------------------------------------------------------------------ tree core choice
+_told_python_core = False
+
+
+def rust_fallback_reason(original, params, *args, **kwargs):
+    """AROUND tree_core_registry._rust_fallback_reason: session_ttl is a Python
+    strategy, which only the Python TreeCore can call."""
+    global _told_python_core
+    if str(getattr(params, "eviction_policy", "")).lower() == POLICY_NAME:
+        if not _told_python_core:
+            _told_python_core = True
+            logger.info(
+                "sglang_ext: selected the Python TreeCore for --radix-eviction-policy "
+                "%s (the Rust TreeCore implements only the built-in policies)",
+                POLICY_NAME,
+            )
+        return f"the {POLICY_NAME} eviction policy (sglang_ext) requires the Python TreeCore"
+    return original(params, *args, **kwargs)
+
+
+# ------------------------------------------------------------------- cache events
+@_guarded
+def on_release(result, cache, req, *args, checkpointed: bool = False, **kwargs):
+    """AFTER UnifiedRadixCache.on_release: ``req.last_node`` now holds prompt+output."""
+    if not checkpointed or not getattr(req, "session_id", None):
+        return
+    mgr = manager_of(cache)
+    if mgr is None or not req.finished():
+        return
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    if isinstance(req.finished_reason, FINISH_ABORT):
+        return  # an aborted turn leaves the previous lease as it was
+    node_id = req.last_node
+    if isinstance(node_id, bool) or not isinstance(node_id, int):
+        return  # a streaming-session virtual node: its slot holds the KV
+    mgr.on_request_finished(req.session_id, node_id, req.sampling_params.custom_params)
+
+
+@_guarded
+def on_reset(result, cache, *args, **kwargs):
+    """AFTER UnifiedRadixCache.reset: the tree (and every lock in it) is gone."""
+    strategy = getattr(getattr(cache, "tree_core", None), "eviction_strategy", None)
+    mgr = getattr(strategy, "manager", None)
+    if (
+        isinstance(strategy, SessionTTLStrategy)
+        and mgr is not None
+        and mgr.tree.cache is cache
+    ):
+        dropped = mgr.forget_all()
+        if dropped:
+            logger.info("sglang_ext: tree reset, dropped %d lease(s)", dropped)
+
+
+def evict_device_leaf(original, cache, node_id, tracker, *args, **kwargs):
+    """AROUND UnifiedRadixCache._evict_device_leaf: count evictions of leased KV."""
+    mgr = manager_of(cache)
+    if mgr is None or not mgr.table.on_node(node_id):
+        return original(cache, node_id, tracker, *args, **kwargs)
+    before = sum(tracker.values())
+    result = original(cache, node_id, tracker, *args, **kwargs)
+    _note_eviction(mgr, node_id, sum(tracker.values()) - before)
+    return result
+
+
+@_guarded
+def _note_eviction(mgr: LeaseManager, node_id: int, tokens: int) -> None:
+    if tokens > 0:
+        mgr.on_evicted(node_id, tokens)
+
+
+# --------------------------------------------------------------- session requests
+@_guarded
+def close_session(result, scheduler, recv_req, *args, **kwargs):
+    """AFTER Scheduler.close_session (/close_session {"session_id": S})."""
+    mgr = manager_of(scheduler.tree_cache)
+    if mgr is not None and getattr(recv_req, "session_id", None):
+        mgr.close(recv_req.session_id)
+
+
+@_guarded
+def handle_generate_request(scheduler, recv_req, *args, **kwargs):
+    """BEFORE Scheduler.handle_generate_request: a new turn reopens a closed session."""
+    mgr = manager_of(scheduler.tree_cache)
+    if mgr is not None:
+        mgr.note_arrival(getattr(recv_req, "session_id", None))
+
+
+# ------------------------------------------------------------------- lease clock
+@dataclass
+class LeaseClockTick:
+    """Rank 0's monotonic time, broadcast with the requests of one loop iteration.
+
+    Every rank advances its lease clock only from these, at the same position of
+    the same input stream, so all TP ranks expire (and stamp) the same leases at
+    the same time and keep identical trees.
+    """
+
+    now: float
+    rid: str | None = None  # read by SGLang's health-check filter
+
+
+@_guarded
+def poll_timeout_aborts(result, scheduler, *args, **kwargs):
+    """AFTER Scheduler._poll_timeout_aborts (rank 0 only): append a clock tick."""
+    mgr = manager_of(scheduler.tree_cache)
+    if mgr is None:
+        return None
+    now = time.monotonic()
+    running = scheduler.running_batch
+    busy = (
+        bool(scheduler.waiting_queue)
+        or (running is not None and not running.is_empty())
+        or scheduler.chunked_req is not None
+    )
+    if not mgr.wants_tick(now, busy):
+        return None
+    mgr.tick_sent(now)
+    return list(result or []) + [LeaseClockTick(now)]
+
+
+@_guarded
+def init_request_dispatcher(result, scheduler, *args, **kwargs):
+    """AFTER Scheduler.init_request_dispatcher: route LeaseClockTick to the manager."""
+    from sglang.utils import TypeBasedDispatcher
+
+    handler = functools.partial(_on_tick, weakref.ref(scheduler))
+    scheduler._request_dispatcher += TypeBasedDispatcher([(LeaseClockTick, handler)])
+
+
+@_guarded
+def _on_tick(scheduler_ref, tick: LeaseClockTick):
+    scheduler = scheduler_ref()
+    mgr = manager_of(getattr(scheduler, "tree_cache", None))
+    if mgr is None:
+        return
+    _maybe_export_metrics(scheduler, mgr)
+    mgr.on_tick(tick.now, _busy_sessions(scheduler))
+
+
+def _maybe_export_metrics(scheduler: Any, mgr: LeaseManager) -> None:
+    """Mirror lease metrics into /metrics once, from the ranks SGLang reports from."""
+    if mgr.metrics.exported or mgr.metrics_checked:
+        return
+    mgr.metrics_checked = True
+    ctx = getattr(scheduler, "metrics_collector_context", None)
+    collector = getattr(scheduler, "metrics_collector", None)
+    if collector is None or not getattr(
+        ctx, "current_scheduler_metrics_enabled", False
+    ):
+        return
+    if mgr.metrics.attach_prometheus(collector.labels):
+        logger.info("sglang_ext: session lease metrics exported to /metrics")
+
+
+# ------------------------------------------------------------------ pressure valves
+@_guarded
+def add_one_req(result, adder, req, *args, **kwargs):
+    """AFTER PrefillAdder.add_one_req: remember the first request refused for KV."""
+    if getattr(result, "name", None) == "NO_TOKEN":
+        mgr = manager_of(adder.tree_cache)
+        if mgr is not None and mgr.blocked_head is None:
+            mgr.blocked_head = req
+
+
+def get_new_batch_prefill_raw(original, scheduler, *args, **kwargs):
+    """AROUND Scheduler._get_new_batch_prefill_raw: the prefill pressure valve.
+
+    When a prefill pass admitted nothing because the head request did not fit
+    (NO_TOKEN) while nothing runs or is in flight, no finishing request can ever
+    free KV; only leases can. Release hard leases, least value first, until the
+    head fits (estimated from its uncached length); the next loop iteration
+    admits it. Each stalled pass releases at least one lease, so this ends.
+    Nothing is retried inside the pass (DP-attention prefill negotiation and the
+    prefill delayer expect one pass per iteration).
+    """
+    mgr = manager_of(scheduler.tree_cache)
+    if mgr is None:
+        return original(scheduler, *args, **kwargs)
+    if mgr.scheduler_ref is None:
+        mgr.scheduler_ref = weakref.ref(scheduler)  # for the decode valve
+    mgr.blocked_head = None
+    result = original(scheduler, *args, **kwargs)
+    if result[0] is None and mgr.blocked_head is not None and mgr.has_hard():
+        _relieve_prefill_stall(scheduler, mgr, result[1])
+    mgr.blocked_head = None
+    return result
+
+
+@_guarded
+def _relieve_prefill_stall(
+    scheduler: Any, mgr: LeaseManager, running_batch: Any
+) -> None:
+    if not scheduler.waiting_queue or not running_batch.is_empty():
+        return
+    if not scheduler.is_fully_idle(ignore_waiting=True):
+        return  # something in flight will free KV or make progress
+    deficit = _prefill_deficit(mgr, mgr.blocked_head)
+    mgr.release_for_pressure("prefill", deficit, _busy_sessions(scheduler), force=True)
+
+
+def _prefill_deficit(mgr: LeaseManager, req: Any) -> int:
+    """Tokens the refused head still needs beyond free + evictable KV (>= 1)."""
+    from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
+
+    extend = len(req.full_untruncated_fill_ids) - req.prefix_len
+    max_new = min(
+        max(req.sampling_params.max_new_tokens - len(req.output_ids), 0),
+        CLIP_MAX_NEW_TOKENS,
+    )
+    page = getattr(mgr.tree.cache, "page_size", 1) or 1
+    need = extend + max_new + 2 * page
+    free = mgr.tree.available_tokens() + mgr.tree.evictable_tokens()
+    return max(need - free, 1)
+
+
+def check_decode_mem(original, batch, *args, **kwargs):
+    """AROUND ScheduleBatch.check_decode_mem: the decode pressure valve.
+
+    Before SGLang retracts running requests (their KV is freed, not cached), let
+    leases go, least value first, one at a time until the next decode step fits.
+    """
+    ok = original(batch, *args, **kwargs)
+    if ok:
+        return ok
+    mgr = manager_of(getattr(batch, "tree_cache", None))
+    if mgr is None or not mgr.settings.release_on_decode_pressure:
+        return ok
+    scheduler = mgr.scheduler_ref() if mgr.scheduler_ref is not None else None
+    spare = _session_ids(batch.reqs)
+    if scheduler is not None:
+        spare |= _busy_sessions(scheduler)
+    while not ok and mgr.has_hard():
+        released = _release_one_for_decode(mgr, spare)
+        if not released:
+            break
+        ok = original(batch, *args, **kwargs)
+    return ok
+
+
+@_guarded
+def _release_one_for_decode(mgr: LeaseManager, spare: set[str]) -> int:
+    return mgr.release_for_pressure("decode", 1, spare)[0]
+
+
+# ---------------------------------------------------------------- introspection
+@_guarded
+def get_internal_state(result, controller, *args, **kwargs):
+    """AFTER SchedulerInternalStateController.get_internal_state: /server_info shows
+    ``internal_states[i].session_ttl``."""
+    mgr = manager_of(getattr(controller.scheduler, "tree_cache", None))
+    if mgr is not None and isinstance(getattr(result, "internal_state", None), dict):
+        result.internal_state["session_ttl"] = mgr.snapshot()
+
+
+# --------------------------------------------------------- main-process validation
+def validate_server_args(server_args, previous):
+    """Resolution hook on handle_cache_compatibility (main process): reject bad
+    session_ttl settings before the model is loaded."""
+    previous(server_args)
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+
+    cfg = resolving_view(server_args)
+    if str(cfg.radix_eviction_policy).lower() != POLICY_NAME:
+        return
+    settings = SessionTTLSettings.from_policy_config(cfg.radix_eviction_policy_config)
+    if cfg.disable_radix_cache:
+        logger.warning(
+            "sglang_ext: %s has no effect with --disable-radix-cache", POLICY_NAME
+        )
+    logger.info("sglang_ext: %s settings: %s", POLICY_NAME, settings.describe())
+
+
+# ---------------------------------------------------------------------- registry
+def hook_table():
+    """(target, hook, type) for HookRegistry; one place lists every patch."""
+    from sglang.srt.plugins.hook_registry import HookType
+
+    A, B, R = HookType.AFTER, HookType.BEFORE, HookType.AROUND
+    return [
+        (
+            "sglang.srt.mem_cache.unified_cache.tree_core_registry._rust_fallback_reason",
+            rust_fallback_reason,
+            R,
+        ),
+        (f"{_CACHE}.on_release", on_release, A),
+        (f"{_CACHE}.reset", on_reset, A),
+        (f"{_CACHE}._evict_device_leaf", evict_device_leaf, R),
+        (f"{_SCHED}.close_session", close_session, A),
+        (f"{_SCHED}.handle_generate_request", handle_generate_request, B),
+        (f"{_SCHED}._poll_timeout_aborts", poll_timeout_aborts, A),
+        (f"{_SCHED}.init_request_dispatcher", init_request_dispatcher, A),
+        (f"{_SCHED}._get_new_batch_prefill_raw", get_new_batch_prefill_raw, R),
+        (
+            "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req",
+            add_one_req,
+            A,
+        ),
+        (
+            "sglang.srt.managers.schedule_batch.ScheduleBatch.check_decode_mem",
+            check_decode_mem,
+            R,
+        ),
+        (
+            (
+                "sglang.srt.managers.scheduler_components.internal_state."
+                "SchedulerInternalStateController.get_internal_state"
+            ),
+            get_internal_state,
+            A,
+        ),
+    ]

@@ -1,0 +1,221 @@
+"""Lease bookkeeping: which session holds which tree node until when.
+
+Pure data and arithmetic, no sglang import, so it can be unit-tested alone. The
+tree is seen only through ``PathFn`` (node id -> the (node id, tokens) pairs from
+that node up to the root), which the caller supplies.
+
+Time is the *lease clock*: the last rank-0 timestamp the scheduler received
+(see ``hooks.LeaseClockTick``), so every TP rank expires the same leases at the
+same point of its request stream. A lease granted between two ticks has no
+expiry yet (``expires_at is None``); the next tick stamps it with
+``tick + ttl_s``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+NodeId = int
+Path = Sequence[tuple[NodeId, int]]
+PathFn = Callable[[NodeId], Path]
+
+HARD = "hard"
+SOFT = "soft"
+
+
+@dataclass
+class Lease:
+    """One session's claim on the KV ending at ``node_id``.
+
+    ``tier`` is HARD (the node is locked in the tree: not evictable, not free for
+    admission) or SOFT (unlocked; the eviction strategy ranks it after unleased KV).
+    ``handle`` is the tree lock of a hard lease, opaque here.
+    """
+
+    session_id: str
+    node_id: NodeId
+    ttl_s: float
+    seq: int
+    tier: str
+    expires_at: float | None = None
+    handle: Any = field(default=None, repr=False)
+
+    @property
+    def hard(self) -> bool:
+        return self.tier == HARD
+
+    def remaining_s(self, now: float | None) -> float:
+        """Expected absence still to come; the full TTL while not yet stamped."""
+        if self.expires_at is None or now is None:
+            return self.ttl_s
+        return max(self.expires_at - now, 0.0)
+
+
+class LeaseTable:
+    """At most one lease per session, plus a clock and an expiry index."""
+
+    def __init__(self) -> None:
+        self._by_session: dict[str, Lease] = {}
+        self._by_node: dict[NodeId, dict[str, Lease]] = {}
+        self._seq = 0
+        self.clock: float | None = None
+        self._expiry_index: tuple[bool, float | None] | None = None  # cache, see _index
+
+    # ------------------------------------------------------------------ queries
+    def __len__(self) -> int:
+        return len(self._by_session)
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._by_session
+
+    def get(self, session_id: str) -> Lease | None:
+        return self._by_session.get(session_id)
+
+    def leases(self, tier: str | None = None) -> list[Lease]:
+        """Leases in grant order (deterministic across ranks)."""
+        out = [l for l in self._by_session.values() if tier is None or l.tier == tier]
+        out.sort(key=lambda l: l.seq)
+        return out
+
+    def count(self, tier: str) -> int:
+        return sum(1 for l in self._by_session.values() if l.tier == tier)
+
+    def on_node(self, node_id: NodeId) -> list[Lease]:
+        """Leases whose node is ``node_id`` (several sessions may share one)."""
+        return list(self._by_node.get(node_id, {}).values())
+
+    def is_soft_node(self, node_id: NodeId) -> bool:
+        """True if a soft lease ends at this node (read by the eviction strategy)."""
+        leases = self._by_node.get(node_id)
+        return bool(leases) and any(l.tier == SOFT for l in leases.values())
+
+    def has_unstamped(self) -> bool:
+        return self._index()[0]
+
+    def next_expiry(self) -> float | None:
+        return self._index()[1]
+
+    def _index(self) -> tuple[bool, float | None]:
+        """(any lease unstamped, earliest expiry); cached because rank 0 asks on
+        every scheduler iteration, recomputed after any change."""
+        if self._expiry_index is None:
+            leases = self._by_session.values()
+            stamped = [l.expires_at for l in leases if l.expires_at is not None]
+            self._expiry_index = (
+                len(stamped) < len(self._by_session),
+                min(stamped) if stamped else None,
+            )
+        return self._expiry_index
+
+    # ---------------------------------------------------------------- mutations
+    def put(
+        self,
+        session_id: str,
+        node_id: NodeId,
+        ttl_s: float,
+        tier: str,
+        handle: Any = None,
+    ) -> tuple[Lease, Lease | None]:
+        """Grant (or renew) the session's lease; returns (new, replaced-or-None)."""
+        old = self.pop(session_id)
+        self._expiry_index = None
+        self._seq += 1
+        lease = Lease(session_id, node_id, float(ttl_s), self._seq, tier, None, handle)
+        self._by_session[session_id] = lease
+        self._by_node.setdefault(node_id, {})[session_id] = lease
+        return lease, old
+
+    def pop(self, session_id: str) -> Lease | None:
+        lease = self._by_session.pop(session_id, None)
+        if lease is not None:
+            self._expiry_index = None
+            on_node = self._by_node.get(lease.node_id)
+            if on_node is not None:
+                on_node.pop(session_id, None)
+                if not on_node:
+                    del self._by_node[lease.node_id]
+        return lease
+
+    def demote(self, session_id: str) -> Lease:
+        """Turn a hard lease soft, keeping its expiry; the caller unlocks the node."""
+        lease = self._by_session[session_id]
+        lease.tier = SOFT
+        lease.handle = None
+        return lease
+
+    def advance(self, now: float, hold: frozenset[str] | set[str] = frozenset()) -> list[Lease]:
+        """Move the clock to ``now``: stamp new leases, remove and return due ones.
+
+        Sessions in ``hold`` have a request queued or running: their lease is being used (it is
+        what that request will match), so it does not expire while they wait for admission."""
+        if self.clock is not None and now < self.clock:
+            now = self.clock  # never run backwards
+        self.clock = now
+        self._expiry_index = None
+        due = []
+        for lease in self.leases():
+            if lease.expires_at is None:
+                lease.expires_at = now + lease.ttl_s
+            elif lease.expires_at <= now and lease.session_id not in hold:
+                due.append(lease)
+        for lease in due:
+            self.pop(lease.session_id)
+        return due
+
+    def clear(self) -> list[Lease]:
+        dropped = self.leases()
+        self._expiry_index = None
+        self._by_session.clear()
+        self._by_node.clear()
+        return dropped
+
+
+# ---------------------------------------------------------------- token arithmetic
+def union_tokens(paths: Iterable[Path]) -> int:
+    """Tokens on the union of the paths (a shared prefix counts once)."""
+    seen: set[NodeId] = set()
+    total = 0
+    for path in paths:
+        for node_id, tokens in path:
+            if node_id not in seen:
+                seen.add(node_id)
+                total += tokens
+    return total
+
+
+def exclusive_tokens(paths: dict[str, Path]) -> dict[str, int]:
+    """Per key, tokens on its path that no other key's path covers."""
+    cover: dict[NodeId, int] = {}
+    for path in paths.values():
+        for node_id, _ in path:
+            cover[node_id] = cover.get(node_id, 0) + 1
+    return {
+        key: sum(tokens for node_id, tokens in path if cover[node_id] == 1)
+        for key, path in paths.items()
+    }
+
+
+def release_order(
+    leases: Sequence[Lease],
+    exclusive: dict[str, int],
+    now: float | None,
+    spare: set[str] = frozenset(),
+) -> list[Lease]:
+    """Leases from least to most valuable.
+
+    Value = tokens only this lease protects / seconds until the session is
+    expected back (remaining TTL): the longest expected absence per token held
+    goes first. Two groups go last: leases that protect no token of their own
+    (releasing them frees nothing) and, after them, sessions in ``spare`` (a
+    request of theirs is queued or running, so the lease is about to be used).
+    Ties break by grant order, so every rank picks the same lease.
+    """
+
+    def key(lease: Lease):
+        tokens = exclusive.get(lease.session_id, 0)
+        absence = max(lease.remaining_s(now), 1e-3)
+        return (lease.session_id in spare, tokens <= 0, tokens / absence, lease.seq)
+
+    return sorted(leases, key=key)

@@ -1,0 +1,102 @@
+"""Settings of the ``session_ttl`` eviction policy.
+
+They arrive as the JSON object of ``--radix-eviction-policy-config``, which SGLang
+passes to the strategy constructor as keyword arguments. One pydantic model
+validates them so that a typo fails at startup with the key named, instead of
+silently running with defaults. No sglang import here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+POLICY_NAME = "session_ttl"
+
+# Key in ``sampling_params.custom_params`` that carries a request's lease TTL.
+TTL_PARAM = "session_lease_ttl_s"
+
+
+class SessionTTLSettings(BaseModel):
+    """What ``--radix-eviction-policy-config`` may contain for ``session_ttl``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_leased_fraction: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="Upper bound on hard-leased (locked) KV, as a fraction of the KV pool. "
+        "Leases beyond it are demoted to soft leases (evicted after unleased KV).",
+    )
+    default_ttl_s: float = Field(
+        0.0,
+        ge=0.0,
+        description="TTL for a finished request that carries a session_id but no "
+        "session_lease_ttl_s. 0 means such a request ends the session's lease.",
+    )
+    max_ttl_s: float = Field(
+        3600.0, gt=0.0, description="Requested TTLs are clamped to this many seconds."
+    )
+    soft_overflow: bool = Field(
+        True,
+        description="Keep leases that do not fit under max_leased_fraction as soft leases "
+        "(evicted after all unleased KV) instead of dropping them.",
+    )
+    release_on_decode_pressure: bool = Field(
+        True,
+        description="Release leases (least value first) before SGLang retracts running "
+        "decode requests for lack of KV.",
+    )
+    tick_interval_s: float = Field(
+        0.05,
+        gt=0.0,
+        le=5.0,
+        description="Granularity of the lease clock that rank 0 broadcasts to all ranks.",
+    )
+
+    @classmethod
+    def from_policy_config(cls, config: Mapping[str, Any] | None) -> SessionTTLSettings:
+        """Build from the policy-config dict; raise ValueError with a readable message."""
+        config = dict(config or {})
+        unknown = sorted(set(config) - set(cls.model_fields))
+        if unknown:
+            raise ValueError(
+                f"--radix-eviction-policy-config: unknown key(s) {unknown} for the "
+                f"'{POLICY_NAME}' eviction policy; allowed keys: {sorted(cls.model_fields)}"
+            )
+        try:
+            return cls(**config)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise ValueError(
+                f"--radix-eviction-policy-config: invalid value for the '{POLICY_NAME}' "
+                f"eviction policy: {problems}"
+            ) from None
+
+    def describe(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.model_dump().items())
+
+
+def parse_ttl(
+    custom_params: Any, default_ttl_s: float, max_ttl_s: float
+) -> float | None:
+    """TTL in seconds requested by one request, or None when it ends the lease.
+
+    Missing key -> ``default_ttl_s``; 0, negative, non-finite or non-numeric -> None.
+    """
+    value: Any = default_ttl_s
+    if isinstance(custom_params, Mapping) and TTL_PARAM in custom_params:
+        value = custom_params[TTL_PARAM]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    if not math.isfinite(value) or value <= 0.0:
+        return None
+    return min(value, max_ttl_s)

@@ -1,0 +1,60 @@
+"""The ``session_ttl`` eviction strategy (``--radix-eviction-policy session_ttl``)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sglang.srt.mem_cache.evict_policy import EvictionStrategy
+
+from .lease_table import LeaseTable
+from .manager import LeaseManager
+from .metrics import LeaseMetrics
+from .settings import SessionTTLSettings
+
+logger = logging.getLogger(__name__)
+
+
+class SessionTTLStrategy(EvictionStrategy):
+    """Session-lease-aware LRU.
+
+    A returning agent's KV is kept by *leases* (see ``lease_table``): a hard lease
+    is a tree lock, so its path is never an eviction candidate and never counted
+    as free by admission; no priority rule is needed for it. A soft lease (one
+    that did not fit under ``max_leased_fraction``) is not locked; this strategy
+    evicts it after all unleased KV:
+
+        priority = (1 if node is the tail of a live soft lease else 0,
+                    node.last_access_time)
+
+    Only the tail node is marked: its ancestors cannot become leaves while it
+    holds KV, so the whole path is protected. Without a lease (expired, released,
+    never leased) a node is ordered exactly like ``LRUStrategy``.
+
+    SGLang builds this object from ``--radix-eviction-policy-config`` (kwargs ->
+    ``SessionTTLSettings``); the cache's lease manager is bound later by the
+    plugin's hooks (``bind``), because the strategy exists before its cache.
+    """
+
+    def __init__(self, **config: Any) -> None:
+        self.settings = SessionTTLSettings.from_policy_config(config)
+        self.table = LeaseTable()
+        self.metrics = LeaseMetrics()
+        self.manager: LeaseManager | None = None
+        logger.info(
+            "sglang_ext: session_ttl eviction policy active (%s)",
+            self.settings.describe(),
+        )
+
+    def get_priority(self, node: Any) -> tuple[int, Any]:
+        return (1 if self.table.is_soft_node(node.id) else 0, node.last_access_time)
+
+    def bind(self, cache: Any) -> LeaseManager:
+        """The lease manager of ``cache`` (a UnifiedRadixCache on the Python TreeCore)."""
+        if self.manager is None or self.manager.tree.cache is not cache:
+            from .tree import SGLangTree
+
+            self.manager = LeaseManager(
+                SGLangTree(cache), self.settings, self.table, self.metrics
+            )
+        return self.manager

@@ -1,0 +1,166 @@
+"""Scheduler-side hooks on SGLang's real methods: lease clock, valves, /server_info."""
+
+from __future__ import annotations
+
+import time
+import types
+
+import pytest
+
+pytest.importorskip("sglang")
+
+
+def toks(base: int, n: int):
+    return list(range(base, base + n))
+
+
+class Anything:
+    """Stands in for every Scheduler attribute a method touches but we do not test."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        value = Anything()
+        object.__setattr__(self, name, value)
+        return value
+
+    def __call__(self, *args, **kwargs):
+        return None
+
+
+def test_rank0_clock_ticks_drive_expiry_on_every_rank(kit, plugin, make_engine):
+    from sglang.srt.managers.scheduler import Scheduler
+
+    def rank():
+        cache = kit.make_cache(256, config={"tick_interval_s": 0.5})
+        sched = Anything()
+        sched.tree_cache = cache
+        sched.metrics_collector = None  # --enable-metrics off
+        sched.waiting_queue = []  # no session is waiting: leases expire on time
+        sched.running_batch.reqs = []
+        Scheduler.init_request_dispatcher(
+            sched
+        )  # real method + the plugin's AFTER hook
+        return cache, sched, plugin.manager_of(cache)
+
+    (c0, s0, m0), (c1, s1, m1) = rank(), rank()
+    engine0 = make_engine(c0)  # rank 0's queues, for _poll_timeout_aborts
+    poll = types.MethodType(Scheduler._poll_timeout_aborts, engine0)
+    assert poll() == []  # idle and nothing leased: no tick, the loop stays quiet
+
+    for cache in (c0, c1):  # both ranks finish the same request identically
+        kit.finish(cache, "A", toks(1000, 30), toks(1900, 5), ttl=1.0)
+    [tick] = poll()  # an unstamped lease asks for a tick at once
+    assert isinstance(tick, plugin.LeaseClockTick)
+    for sched in (s0, s1):
+        assert (
+            sched._request_dispatcher(tick) is None
+        )  # what process_input_requests does
+    assert (
+        m0.table.get("A").expires_at == m1.table.get("A").expires_at == tick.now + 1.0
+    )
+    assert poll() == []  # idle, lease not due yet
+
+    time.sleep(1.05)
+    assert "A" in m1.table  # no rank expires on its own clock
+    [tick] = poll()
+    for sched in (s0, s1):
+        sched._request_dispatcher(tick)
+    assert "A" not in m0.table and "A" not in m1.table
+    assert c0.protected_size() == c1.protected_size() == 0
+
+    engine0.waiting_queue.append(kit.new_req(toks(1, 5), 4))  # busy: regular ticks
+    time.sleep(0.55)
+    assert len(poll()) == 1
+    assert poll() == []  # not again within tick_interval_s
+    time.sleep(0.55)
+    assert len(poll()) == 1
+
+
+def _decode_scenario(kit, make_engine, plugin, release_on_decode_pressure: bool):
+    cache = kit.make_cache(
+        400,
+        config={
+            "max_leased_fraction": 0.9,
+            "release_on_decode_pressure": release_on_decode_pressure,
+        },
+    )
+    mgr = plugin.manager_of(cache)
+    mgr.on_tick(0.0)
+    kit.finish(cache, "A", toks(1000, 100), toks(1900, 10), ttl=100)
+    kit.finish(cache, "B", toks(2000, 100), toks(2900, 10), ttl=100)
+    engine = make_engine(cache)
+    engine.waiting_queue += [
+        kit.new_req(toks(5000 + 100 * i, 20), 30) for i in range(2)
+    ]
+    assert engine.step()["admitted"] == 2
+    # Meanwhile another agent's turn ends and is leased: the pool is now tight.
+    kit.finish(cache, "C", toks(3000, 120), toks(3900, 10), ttl=100)
+    assert cache.token_to_kv_pool_allocator.available_size() == 10
+    for _ in range(100):
+        engine.step()
+        if engine.idle():
+            break
+    return engine, mgr
+
+
+def test_decode_valve_releases_leases_before_retracting(kit, plugin, make_engine):
+    engine, mgr = _decode_scenario(kit, make_engine, plugin, True)
+    assert len(engine.finished) == 2 and engine.retractions == 0
+    assert mgr.metrics.get("pressure_releases", stage="decode") >= 1
+    assert mgr.table.count("hard") >= 1  # only as many leases as needed went
+
+
+def test_without_decode_release_sglang_retracts(kit, plugin, make_engine):
+    engine, mgr = _decode_scenario(kit, make_engine, plugin, False)
+    assert engine.retractions >= 1
+    assert mgr.metrics.get("pressure_releases", stage="decode") == 0
+
+
+def test_prefill_valve_waits_while_requests_run(kit, plugin, make_engine):
+    cache = kit.make_cache(400, config={"max_leased_fraction": 0.9})
+    mgr = plugin.manager_of(cache)
+    mgr.on_tick(0.0)
+    kit.finish(cache, "A", toks(1000, 100), toks(1900, 10), ttl=100)
+    kit.finish(cache, "B", toks(2000, 100), toks(2900, 10), ttl=900)
+    engine = make_engine(cache)
+    engine.waiting_queue.append(kit.new_req(toks(5000, 20), 30))
+    assert engine.step()["admitted"] == 1
+    big = kit.new_req(toks(7000, 170), 10)  # needs 181 > 180 ever free beside leases
+    engine.waiting_queue.append(big)
+    while not engine.running_batch.is_empty():
+        assert (
+            engine.step()["admitted"] == 0
+        )  # refused, but the running one will free KV
+        assert mgr.metrics.total("pressure_releases") == 0 and len(mgr.table) == 2
+    assert engine.step()["admitted"] == 0  # now stuck: the valve acts ...
+    assert mgr.metrics.get("pressure_releases", stage="prefill") == 1
+    assert [l.session_id for l in mgr.table.leases()] == [
+        "A"
+    ]  # B: longest absence/token
+    assert (
+        engine.step()["admitted"] == 1 and big in engine.running_batch.reqs
+    )  # ... and it runs
+
+
+def test_server_info_carries_lease_stats(kit, plugin):
+    from sglang.srt.managers.io_struct import GetInternalStateReqOutput
+    from sglang.srt.managers.scheduler_components.internal_state import (
+        SchedulerInternalStateController,
+    )
+
+    cache = kit.make_cache(256)
+    kit.finish(cache, "A", toks(1000, 30), toks(1900, 5), ttl=10)
+    out = GetInternalStateReqOutput(internal_state={"other": 1})
+    controller = types.SimpleNamespace(
+        scheduler=types.SimpleNamespace(tree_cache=cache)
+    )
+    hook = SchedulerInternalStateController.get_internal_state
+    assert hasattr(hook, "__wrapped__")
+    plugin.get_internal_state(out, controller, None)
+    stats = out.internal_state["session_ttl"]
+    assert (
+        stats["hard_leases"] == 1
+        and stats["leased_tokens"] == 35
+        and out.internal_state["other"] == 1
+    )
