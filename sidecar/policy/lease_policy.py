@@ -67,7 +67,7 @@ class LeasePolicy:
         Only a new session's first request is gated (and only with admission enabled).
         """
         if is_new_session and self.admission_settings.enabled:
-            projected = prompt_tokens + self.growth_tokens
+            projected = prompt_tokens + self._projected_growth()
             await self.gate.wait(session_id, prompt_tokens, projected)
         else:
             self._start_request(session_id, prompt_tokens)
@@ -222,10 +222,14 @@ class LeasePolicy:
         self.metrics.session_closed(reason)
 
     def _resident_summary(self, now: float) -> tuple[float, float, int]:
-        """(tokens, tokens projected to the next turn, sessions) of the resident sessions."""
+        """(tokens, tokens projected ``projection_turns`` ahead, sessions) of the resident sessions."""
         resident = self.table.resident(now)
         tokens = float(sum(s.context_tokens for s in resident))
-        return tokens, tokens + self.growth_tokens * len(resident), len(resident)
+        return tokens, tokens + self._projected_growth() * len(resident), len(resident)
+
+    def _projected_growth(self) -> float:
+        """Tokens a session is expected to add before admission is reconsidered."""
+        return self.growth_tokens * self.admission_settings.projection_turns
 
     def _resident_fraction(self, now: float) -> float:
         capacity = self.capacity.max_total_num_tokens

@@ -91,6 +91,12 @@ class AdmissionSettings(BaseModel):
     expected_growth_tokens: int = Field(
         1500, ge=0, description="Tokens a session is expected to add per turn before any is observed."
     )
+    projection_turns: float = Field(
+        1.0,
+        ge=0,
+        description="Turns ahead a session's context is projected (growth per turn x this); more keeps fewer "
+        "sessions resident, so the ones admitted still fit as they grow.",
+    )
     learn_growth: bool = Field(
         True, description="Learn the per-turn growth (append + output) from observed turns."
     )
