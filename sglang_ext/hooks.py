@@ -264,11 +264,26 @@ def get_new_batch_prefill_raw(original, scheduler, *args, **kwargs):
     if mgr.scheduler_ref is None:
         mgr.scheduler_ref = weakref.ref(scheduler)  # for the decode valve
     mgr.blocked_head = None
+    if mgr.settings.prefer_leased_requests:
+        leased_first(scheduler.waiting_queue, mgr)
     result = original(scheduler, *args, **kwargs)
     if result[0] is None and mgr.blocked_head is not None and mgr.has_hard():
         _relieve_prefill_stall(scheduler, mgr, result[1])
     mgr.blocked_head = None
     return result
+
+
+def leased_first(waiting_queue: list, mgr: LeaseManager) -> None:
+    """Stable in-place reorder: requests whose session holds a hard lease go first.
+
+    SGLang admits in queue order and stops at the first request that does not fit; a
+    session whose KV was evicted needs its whole history recomputed, and at the head it
+    would stall every cheap continuation behind it. FCFS order holds within each group
+    (SGLang's FCFS does not re-sort the queue; cache-aware policies re-sort it anyway).
+    """
+    if len(waiting_queue) < 2 or not mgr.has_hard():
+        return
+    waiting_queue.sort(key=lambda req: 0 if mgr.holds_hard_lease(getattr(req, "session_id", None)) else 1)
 
 
 @_guarded

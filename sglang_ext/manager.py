@@ -72,6 +72,10 @@ class LeaseManager:
     def has_hard(self) -> bool:
         return self.table.count(HARD) > 0
 
+    def holds_hard_lease(self, session_id: str | None) -> bool:
+        lease = self.table.get(session_id) if session_id else None
+        return lease is not None and lease.tier == HARD
+
     # -------------------------------------------------------------------- clock
     def wants_tick(self, now: float, busy: bool) -> bool:
         """Rank 0 only: should a clock tick be broadcast now?

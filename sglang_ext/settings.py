@@ -51,6 +51,13 @@ class SessionTTLSettings(BaseModel):
         description="Release leases (least value first) before SGLang retracts running "
         "decode requests for lack of KV.",
     )
+    prefer_leased_requests: bool = Field(
+        True,
+        description="Under FCFS, queue requests of sessions holding a hard lease ahead of the "
+        "others (FCFS within each group): they need only their new tokens, while a request "
+        "whose history must be recomputed would block them at the head of the queue and "
+        "force the pressure valve to release the leases they are about to use.",
+    )
     tick_interval_s: float = Field(
         0.05,
         gt=0.0,

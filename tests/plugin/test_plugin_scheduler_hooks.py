@@ -164,3 +164,29 @@ def test_server_info_carries_lease_stats(kit, plugin):
         and stats["leased_tokens"] == 35
         and out.internal_state["other"] == 1
     )
+
+
+def _queue_with_a_recompute_ahead_of_a_continuation(kit, plugin, make_engine, prefer: bool):
+    cache = kit.make_cache(400, config={"max_leased_fraction": 0.9, "prefer_leased_requests": prefer})
+    mgr = plugin.manager_of(cache)
+    mgr.on_tick(0.0)
+    kit.finish(cache, "A", toks(1000, 150), toks(1900, 10), ttl=100)
+    kit.finish(cache, "B", toks(2000, 150), toks(2900, 10), ttl=100)  # 320 of 400 tokens leased
+    engine = make_engine(cache)
+    recompute = kit.new_req(toks(7000, 100), 10, "C")  # history gone: needs 112 > 80 free
+    continuation = kit.new_req(toks(1000, 150) + toks(1900, 10) + toks(3000, 20), 10, "A")
+    engine.waiting_queue += [recompute, continuation]
+    return engine, mgr, continuation
+
+
+def test_leased_continuation_is_not_stalled_behind_a_recompute(kit, plugin, make_engine):
+    engine, mgr, continuation = _queue_with_a_recompute_ahead_of_a_continuation(kit, plugin, make_engine, True)
+    assert engine.step()["admitted"] == 1 and continuation in engine.running_batch.reqs
+    assert mgr.metrics.total("pressure_releases") == 0 and len(mgr.table) == 2
+
+
+def test_without_reordering_the_recompute_blocks_and_costs_a_lease(kit, plugin, make_engine):
+    """Control: FCFS keeps the recompute at the head; nothing runs, so the valve must take a lease."""
+    engine, mgr, continuation = _queue_with_a_recompute_ahead_of_a_continuation(kit, plugin, make_engine, False)
+    assert engine.step()["admitted"] == 0
+    assert mgr.metrics.get("pressure_releases", stage="prefill") == 1 and len(mgr.table) == 1
