@@ -105,6 +105,12 @@ def _register_optional_commands() -> None:
         main.add_command(gap_replay, "gap-replay")
     except ImportError:
         pass
+    try:  # thin click layer; SGLang is imported only when a simulation runs
+        from simulator.cli import simulate
+
+        main.add_command(simulate, "simulate")
+    except ImportError:
+        pass
 
 
 _register_optional_commands()
