@@ -4,6 +4,8 @@ Rule: the session at the head of the queue may start when
     projected tokens of the resident sessions + its own projected tokens <= headroom * capacity,
 or when nothing is resident (a lone session always runs, so the gate cannot deadlock), or when it
 has waited ``max_wait`` seconds (if > 0; SGLang's own eviction then has the last word).
+What "projected tokens" means (turns ahead, idle sessions' weight) is the caller's
+``resident`` callback; LeasePolicy's is documented in ``sidecar.policy.lease_policy``.
 Nobody overtakes the head. A full queue raises AdmissionRejected (the caller answers 429 with
 Retry-After). Only new sessions' first requests come here; the caller lets the others through.
 """

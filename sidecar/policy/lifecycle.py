@@ -23,6 +23,7 @@ class SessionState:
     context_tokens: int = 0  # tokens the session holds in KV (prompt, then prompt + output)
     in_flight: int = 0  # admitted requests not yet released
     last_prompt_tokens: int | None = None  # prompt of the latest request (for growth learning)
+    request_started_at: float | None = None  # arrival of the latest request (service and cycle times)
     # the open gap: the reply ended at turn_ended_at and the next request has not come yet
     turn_ended_at: float | None = None
     turn_tools: tuple[str, ...] = ()

@@ -97,6 +97,19 @@ class AdmissionSettings(BaseModel):
         description="Turns ahead a session's context is projected (growth per turn x this); more keeps fewer "
         "sessions resident, so the ones admitted still fit as they grow.",
     )
+    projection_horizon_s: float = Field(
+        0.0,
+        ge=0,
+        description="Project growth over this many seconds instead of projection_turns: turns ahead = horizon / "
+        "the learned turn cycle (service + tool gap), so agents with long tool gaps project fewer turns "
+        "(0 = use projection_turns).",
+    )
+    idle_weight: Literal["full", "duty_cycle"] = Field(
+        "full",
+        description="How an idle session under lease counts in the gate: full = its whole projection; "
+        "duty_cycle = its projection x service / (service + predicted remaining gap), "
+        "so leased KV of agents in long tool gaps does not keep new agents out.",
+    )
     learn_growth: bool = Field(
         True, description="Learn the per-turn growth (append + output) from observed turns."
     )
