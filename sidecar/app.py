@@ -8,6 +8,7 @@ tokenizer and chat template, and builds the policy. A background task closes ses
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from typing import Any, AsyncIterator
@@ -17,6 +18,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sidecar import keys
+from sidecar.auth import AuthConfigError, auth_middleware, build_key_store, request_scope
 from sidecar.chat import handle as chat_handler
 from sidecar.chat import read_json_body
 from sidecar.chat_template import ChatRenderer
@@ -24,7 +26,7 @@ from sidecar.engine_client import EngineClient
 from sidecar.errors import APIError, error_middleware
 from sidecar.metrics import SidecarMetrics
 from sidecar.policy import EngineCapacity, build_policy
-from sidecar.sessions import SessionRegistry
+from sidecar.sessions import SessionRegistry, scoped_id
 from sidecar.settings import SidecarSettings
 
 log = logging.getLogger("sidecar")
@@ -56,7 +58,14 @@ async def fetch_server_info(engine: EngineClient, attempts: int = 1, delay: floa
 
 def create_app(settings: SidecarSettings, tokenizer=None) -> web.Application:
     """Build the application; ``tokenizer`` may be preloaded (the CLI does, to fail early)."""
-    app = web.Application(client_max_size=settings.server.max_body_bytes, middlewares=[metrics_middleware, error_middleware])
+    try:
+        key_store = build_key_store(settings.server)
+    except AuthConfigError as exc:
+        raise StartupError(str(exc)) from None
+    app = web.Application(
+        client_max_size=settings.server.max_body_bytes,
+        middlewares=[metrics_middleware, error_middleware, auth_middleware(key_store, settings.server)],
+    )
     app[keys.SETTINGS] = settings
     app[keys.METRICS] = SidecarMetrics()
     app.cleanup_ctx.append(_engine_context(tokenizer))
@@ -79,7 +88,12 @@ def _engine_context(preloaded_tokenizer):
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout),
         )
         engine = EngineClient(
-            settings.sglang_url, http, request_timeout=settings.request_timeout, connect_retries=settings.connect_retries
+            settings.sglang_url,
+            http,
+            request_timeout=settings.request_timeout,
+            connect_timeout=settings.connect_timeout,
+            connect_retries=settings.connect_retries,
+            api_key=settings.sglang_api_key,
         )
         try:
             info = await fetch_server_info(engine, attempts=1 if settings.tokenizer else 3)
@@ -92,6 +106,10 @@ def _engine_context(preloaded_tokenizer):
                     )
                 tokenizer = await asyncio.get_running_loop().run_in_executor(None, load_tokenizer, path)
             configure(app, engine, tokenizer, info or {})
+            # transformers (and the torch it imports) leave ~400k long-lived objects; each full GC
+            # pass over them stalled every stream for ~200 ms. Freeze them out of the collector.
+            gc.collect()
+            gc.freeze()
         except BaseException:
             await http.close()
             raise
@@ -193,7 +211,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def sessions(request: web.Request) -> web.Response:
-    data = [s.describe() for s in request.app[keys.REGISTRY].all()]
+    data = [s.describe() for s in request.app[keys.REGISTRY].all(request_scope(request))]
     return web.json_response({"object": "list", "data": data})
 
 
@@ -205,11 +223,11 @@ async def close_session(request: web.Request) -> web.Response:
         if not isinstance(sid, str):
             raise APIError(400, "session_id is required", param="session_id")
     registry = request.app[keys.REGISTRY]
-    session = registry.get(sid)
+    session = registry.get(scoped_id(request_scope(request) or "", sid))
     if session is None:
         raise APIError(404, f"no session {sid!r}", type="not_found", code="session_not_found")
     if session.inflight:
         raise APIError(409, f"session {sid!r} has a request in flight", code="session_busy")
-    registry.forget(sid)
-    _closed(request.app, sid, "client")
+    registry.forget(session.id)
+    _closed(request.app, session.id, "client")
     return web.json_response({"id": sid, "object": "session.deleted", "deleted": True})

@@ -7,15 +7,19 @@ so a failed, aborted or rejected request never changes what the next turn contin
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import json
 import re
 import time
 import uuid
+from array import array
 from typing import Any
 
 from aiohttp import web
 
 from sidecar import keys
+from sidecar.auth import request_scope
 from sidecar.engine_client import LEASE_PARAM
 from sidecar.errors import APIError, invalid_request
 from sidecar.policy import AdmissionRejected, TurnEnd
@@ -33,6 +37,10 @@ from sidecar.sessions import Resolution, TurnState, extend_fingerprint, fingerpr
 from sidecar.tool_parsers import ContentDelta, ToolCallArgumentsDelta, ToolCallStart, get_tool_parser
 
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9._:@\-]{1,128}$")
+# A \uD800-\uDFFF escape without its pair: JSON allows it, UTF-8 (and so the tokenizer) does not.
+_LONE_SURROGATE = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
 _DISCONNECTS = (ConnectionResetError, ConnectionError, asyncio.CancelledError)
 
 
@@ -44,9 +52,17 @@ async def read_json_body(request: web.Request) -> Any:
     except web.HTTPRequestEntityTooLarge:
         raise APIError(413, "request body too large", code="body_too_large") from None
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
+    except RecursionError:
+        raise invalid_request("request body is nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise invalid_request(f"request body is not valid JSON: {exc}") from None
+    if _LONE_SURROGATE.search(raw):  # cheap pre-check, confirmed here (an escaped backslash looks alike)
+        try:
+            json.dumps(body, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise invalid_request("request body holds an unpaired surrogate escape (not valid Unicode)") from None
+    return body
 
 
 def explicit_session_id(request: web.Request, req: ChatCompletionRequest) -> str | None:
@@ -56,6 +72,21 @@ def explicit_session_id(request: web.Request, req: ChatCompletionRequest) -> str
     if not SESSION_ID_RE.match(sid):
         raise invalid_request("session id must be 1-128 characters of A-Z a-z 0-9 . _ : @ -", param="session_id")
     return sid
+
+
+@functools.cache
+def _template_call_params(tokenizer_type: type) -> frozenset[str]:
+    """apply_chat_template's own parameters (chat_template, tokenize, ...): never template variables."""
+    params = inspect.signature(tokenizer_type.apply_chat_template).parameters.values()
+    return frozenset(p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)) - {"self"}
+
+
+def check_template_kwargs(kwargs: dict[str, Any] | None, tokenizer) -> None:
+    """chat_template_kwargs are template variables (enable_thinking, ...); they may not swap the
+    template itself, whose Jinja loops would run on the event loop and stall every session."""
+    reserved = sorted(set(kwargs or ()) & _template_call_params(type(tokenizer)))
+    if reserved:
+        raise invalid_request(f"chat_template_kwargs may not set {', '.join(reserved)}", param="chat_template_kwargs")
 
 
 def sampling_params(req: ChatCompletionRequest, settings, stop_ids: list[int], lease_ttl: float | None) -> dict[str, Any]:
@@ -98,11 +129,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     req = parse_request(await read_json_body(request))
     if len(req.messages) > settings.server.max_messages:
         raise invalid_request(f"too many messages ({len(req.messages)} > {settings.server.max_messages})", param="messages")
+    check_template_kwargs(req.chat_template_kwargs, app[keys.RENDERER].tokenizer)
     explicit = explicit_session_id(request, req)
     messages = [m.to_template() for m in req.messages]
     registry, policy, renderer, metrics = app[keys.REGISTRY], app[keys.POLICY], app[keys.RENDERER], app[keys.METRICS]
 
-    res = registry.resolve(messages, explicit)
+    res = registry.resolve(messages, explicit, request_scope(request) or "")
     session = res.session
     session.inflight += 1
     admitted = False
@@ -162,11 +194,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 def remember_turn(app: web.Application, res: Resolution, messages: list[dict], gen: Generation, lease: float | None) -> None:
     result = gen.result
     reply = gen.reply_message()
-    reply_fp = extend_fingerprint(fingerprints(messages)[-1], {**reply, "content": reply["content"] or ""})
+    reply_fp = extend_fingerprint(res.fingerprint or fingerprints(messages)[-1], {**reply, "content": reply["content"] or ""})
     ids = gen.payload["input_ids"] + result.output_ids
-    from array import array
-
-    state = TurnState(reply_fp, len(messages) + 1, array("q", ids), result.end_id)
+    # Token ids fit in 32 bits: half the memory of 64-bit items, for histories of 100K+ tokens.
+    state = TurnState(reply_fp, len(messages) + 1, array("i", ids), result.end_id)
     registry = app[keys.REGISTRY]
     registry.record_turn(res.session, state)
     now = time.monotonic()
@@ -192,8 +223,8 @@ async def full_reply(request: web.Request, req: ChatCompletionRequest, gen: Gene
         asyncio.ensure_future(gen.engine.abort(gen.rid))
         raise
     message = gen.reply_message()
-    if message["content"] is not None:
-        message["content"] = message["content"].strip() or None if gen.result.tool_calls else message["content"]
+    if gen.result.tool_calls and message["content"] is not None:
+        message["content"] = message["content"].strip() or None  # text around tool calls only
     model = request.app[keys.MODEL_NAME]
     return web.json_response(completion(completion_id(), model, message, gen.result.finish_reason, _usage(gen)))
 
@@ -270,3 +301,9 @@ async def handle(request: web.Request) -> web.StreamResponse:
         return await chat_completions(request)
     except _StreamAlreadyAnswered as done:
         return done.response
+    # The same two, hidden inside strings the sidecar parses itself (tool-call arguments): text with
+    # unpaired surrogates, nesting past the recursion limit. The client's fault: 400, not 500.
+    except UnicodeError:
+        raise invalid_request("request holds text that is not valid Unicode (an unpaired surrogate)") from None
+    except RecursionError:
+        raise invalid_request("request is nested too deeply") from None

@@ -30,12 +30,17 @@ class EngineClient:
         session: aiohttp.ClientSession,
         *,
         request_timeout: float = 600.0,
+        connect_timeout: float = 5.0,
         connect_retries: int = 3,
+        api_key: str | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.http = session
         self.request_timeout = request_timeout
+        self.connect_timeout = connect_timeout
         self.connect_retries = connect_retries
+        # SGLang's --api-key; sent on every call (SGLang itself leaves /health and /metrics open).
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def _url(self, path: str) -> str:
         return f"{self.base_url}{path}"
@@ -51,7 +56,7 @@ class EngineClient:
         try:
             async for attempt in retrying:
                 with attempt:
-                    resp = await self.http.request(method, self._url(path), **kwargs)
+                    resp = await self.http.request(method, self._url(path), headers=self.headers, **kwargs)
         except aiohttp.ClientConnectorError as exc:
             raise engine_unavailable(f"SGLang is not reachable at {self.base_url}: {exc}") from None
         except asyncio.TimeoutError:
@@ -65,7 +70,7 @@ class EngineClient:
         return resp
 
     async def get_json(self, path: str, timeout: float = 10.0) -> Any:
-        resp = await self._open("GET", path, timeout=aiohttp.ClientTimeout(total=timeout))
+        resp = await self._open("GET", path, timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=self.connect_timeout))
         async with resp:
             return await resp.json(content_type=None)
 
@@ -74,17 +79,26 @@ class EngineClient:
 
     async def healthy(self, timeout: float = 5.0) -> bool:
         try:
-            resp = await self.http.get(self._url("/health"), timeout=aiohttp.ClientTimeout(total=timeout))
+            resp = await self.http.get(self._url("/health"), headers=self.headers, timeout=aiohttp.ClientTimeout(total=timeout))
         except (aiohttp.ClientError, asyncio.TimeoutError):
             return False
         async with resp:
             return resp.status == 200
 
     async def generate_stream(self, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Yield SGLang's stream chunks (cumulative output_ids + meta_info) as they arrive."""
+        """Yield SGLang's stream chunks (cumulative output_ids + meta_info) as they arrive.
+
+        On a timeout the request is also aborted in SGLang, so the engine stops working for an
+        answer nobody waits for.
+        """
         body = {**payload, "stream": True}
-        timeout = aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=5.0)
-        resp = await self._open("POST", "/generate", json=body, timeout=timeout)
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=self.connect_timeout)
+        try:
+            resp = await self._open("POST", "/generate", json=body, timeout=timeout)
+        except APIError as err:
+            if err.code == "engine_timeout" and payload.get("rid"):
+                asyncio.ensure_future(self.abort(payload["rid"]))
+            raise
         try:
             async for line in resp.content:
                 if not line.startswith(b"data:"):
@@ -97,7 +111,9 @@ class EngineClient:
                     raise _map_stream_error(event["error"])
                 yield event
         except asyncio.TimeoutError:
-            raise engine_timeout(f"SGLang did not finish within {self.request_timeout:.0f} s") from None
+            if payload.get("rid"):
+                asyncio.ensure_future(self.abort(payload["rid"]))
+            raise engine_timeout(f"SGLang did not finish within {self.request_timeout:g} s") from None
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             raise engine_unavailable(f"SGLang dropped the stream: {exc}") from None
         finally:
@@ -106,7 +122,9 @@ class EngineClient:
     async def abort(self, rid: str) -> None:
         """Best effort: the agent is gone, free the engine's work."""
         try:
-            resp = await self.http.post(self._url("/abort_request"), json={"rid": rid}, timeout=aiohttp.ClientTimeout(total=5))
+            resp = await self.http.post(
+                self._url("/abort_request"), json={"rid": rid}, headers=self.headers, timeout=aiohttp.ClientTimeout(total=5)
+            )
             resp.release()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             log.warning("abort of %s failed: %s", rid, exc)
@@ -115,7 +133,10 @@ class EngineClient:
         """Best effort: ends the session's lease in the plugin (and any SGLang session state)."""
         try:
             resp = await self.http.post(
-                self._url("/close_session"), json={"session_id": session_id}, timeout=aiohttp.ClientTimeout(total=5)
+                self._url("/close_session"),
+                json={"session_id": session_id},
+                headers=self.headers,
+                timeout=aiohttp.ClientTimeout(total=5),
             )
             resp.release()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
@@ -123,7 +144,7 @@ class EngineClient:
 
     async def metrics_text(self) -> str | None:
         try:
-            resp = await self.http.get(self._url("/metrics"), timeout=aiohttp.ClientTimeout(total=5))
+            resp = await self.http.get(self._url("/metrics"), headers=self.headers, timeout=aiohttp.ClientTimeout(total=5))
         except (aiohttp.ClientError, asyncio.TimeoutError):
             return None
         async with resp:
@@ -149,6 +170,8 @@ def _map_status(status: int, body: str) -> APIError:
         return APIError(503, f"SGLang is overloaded or starting: {message}", type="engine_unavailable", code="engine_overloaded")
     if status == 504:
         return engine_timeout(f"SGLang timed out: {message}")
+    if status in (401, 403):
+        return engine_error(f"SGLang refused the sidecar's credentials (HTTP {status}): check --sglang-api-key")
     return engine_error(f"SGLang failed with HTTP {status}: {message}")
 
 

@@ -6,6 +6,10 @@ A request continues the state whose fingerprint equals its longest message prefi
 assistant message; anything else starts a new branch that is rendered whole. An explicit session id
 (header ``X-Session-Id``, body ``session_id`` or ``user``) wins; otherwise the fingerprint index
 finds the session implicitly.
+
+With auth on, every session belongs to a *scope* (one per API key). A client's id is stored and
+sent to SGLang as ``"<scope>:<id>"`` (see :func:`scoped_id`), and implicit recognition only looks
+at turns of the same scope, so one key can never continue, list or close another key's session.
 """
 
 from __future__ import annotations
@@ -19,7 +23,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-MAX_TURN_STATES_PER_SESSION = 64
+MAX_TURN_STATES_PER_SESSION = 16  # enough for retries and edits of recent turns
+
+
+def scoped_id(scope: str, client_id: str) -> str:
+    """The registry's (and SGLang's) id of a client's session id within a scope ("" = no auth)."""
+    return f"{scope}:{client_id}" if scope else client_id
 
 
 def _canonical(message: dict[str, Any]) -> bytes:
@@ -71,8 +80,9 @@ class TurnState:
 
 @dataclass
 class Session:
-    id: str
+    id: str  # scoped: what the registry, the policy and SGLang see
     explicit: bool
+    scope: str = ""
     created_at: float = field(default_factory=time.monotonic)
     last_active: float = field(default_factory=time.monotonic)
     turns: "OrderedDict[bytes, TurnState]" = field(default_factory=OrderedDict)
@@ -80,6 +90,11 @@ class Session:
     context_tokens: int = 0
     turn_count: int = 0
     lease_until: float | None = None
+
+    @property
+    def public_id(self) -> str:
+        """The id as its client knows it (the scope prefix removed)."""
+        return self.id[len(self.scope) + 1 :] if self.scope else self.id
 
     @property
     def state(self) -> str:
@@ -92,7 +107,7 @@ class Session:
     def describe(self) -> dict[str, Any]:
         now = time.monotonic()
         return {
-            "id": self.id,
+            "id": self.public_id,
             "explicit": self.explicit,
             "state": self.state,
             "tokens": self.context_tokens,
@@ -100,6 +115,7 @@ class Session:
             "branches": len(self.turns),
             "idle_s": round(now - self.last_active, 3),
             "lease_remaining_s": round(max(0.0, self.lease_until - now), 3) if self.lease_until else None,
+            **({"scope": self.scope} if self.scope else {}),  # with auth: which key's (a hash, never the key)
         }
 
 
@@ -111,6 +127,7 @@ class Resolution:
     base: TurnState | None
     new_messages_from: int  # index of the first message not covered by base
     is_new_session: bool
+    fingerprint: bytes = b""  # of the request's messages (the reply extends it; saves hashing them twice)
 
 
 class SessionRegistry:
@@ -120,7 +137,7 @@ class SessionRegistry:
         self.max_sessions = max_sessions
         self._on_forget = on_forget  # called with each session dropped to respect max_sessions
         self._sessions: "OrderedDict[str, Session]" = OrderedDict()
-        self._index: dict[bytes, str] = {}  # turn fingerprint -> session id (implicit recognition)
+        self._index: dict[tuple[str, bytes], str] = {}  # (scope, turn fingerprint) -> session id
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -128,22 +145,24 @@ class SessionRegistry:
     def get(self, session_id: str) -> Session | None:
         return self._sessions.get(session_id)
 
-    def all(self) -> list[Session]:
-        return list(self._sessions.values())
+    def all(self, scope: str | None = None) -> list[Session]:
+        """Every session, or only those of ``scope``."""
+        return [s for s in self._sessions.values() if scope is None or s.scope == scope]
 
-    def resolve(self, messages: list[dict[str, Any]], explicit_id: str | None) -> Resolution:
+    def resolve(self, messages: list[dict[str, Any]], explicit_id: str | None, scope: str = "") -> Resolution:
         prints = fingerprints(messages)
         if explicit_id is not None:
-            session = self._sessions.get(explicit_id)
+            sid = scoped_id(scope, explicit_id)
+            session = self._sessions.get(sid)
             is_new = session is None
             if session is None:
-                session = self._add(Session(id=explicit_id, explicit=True))
+                session = self._add(Session(id=sid, explicit=True, scope=scope))
             base = self._longest_match(messages, prints, lambda fp: session.turns.get(fp))
         else:
             found: list[Session] = []
 
             def lookup(fp: bytes) -> TurnState | None:
-                sid = self._index.get(fp)
+                sid = self._index.get((scope, fp))
                 owner = self._sessions.get(sid) if sid else None
                 state = owner.turns.get(fp) if owner else None
                 if state is not None:
@@ -152,9 +171,12 @@ class SessionRegistry:
 
             base = self._longest_match(messages, prints, lookup)
             is_new = base is None
-            session = found[-1] if base is not None else self._add(Session(id=f"sess-{uuid.uuid4().hex}", explicit=False))
+            if base is not None:
+                session = found[-1]
+            else:
+                session = self._add(Session(id=scoped_id(scope, f"sess-{uuid.uuid4().hex}"), explicit=False, scope=scope))
         self._sessions.move_to_end(session.id)
-        return Resolution(session, base, base.n_messages if base else 0, is_new)
+        return Resolution(session, base, base.n_messages if base else 0, is_new, prints[-1] if prints else b"")
 
     @staticmethod
     def _longest_match(messages, prints, lookup) -> TurnState | None:
@@ -172,9 +194,9 @@ class SessionRegistry:
         session.turns.move_to_end(state.fingerprint)
         while len(session.turns) > MAX_TURN_STATES_PER_SESSION:
             old_fp, _ = session.turns.popitem(last=False)
-            if self._index.get(old_fp) == session.id:
-                del self._index[old_fp]
-        self._index[state.fingerprint] = session.id
+            if self._index.get((session.scope, old_fp)) == session.id:
+                del self._index[(session.scope, old_fp)]
+        self._index[(session.scope, state.fingerprint)] = session.id
         session.context_tokens = len(state.token_ids)
         session.turn_count += 1
         session.last_active = time.monotonic()
@@ -183,8 +205,8 @@ class SessionRegistry:
         session = self._sessions.pop(session_id, None)
         if session is not None:
             for fp in session.turns:
-                if self._index.get(fp) == session_id:
-                    del self._index[fp]
+                if self._index.get((session.scope, fp)) == session_id:
+                    del self._index[(session.scope, fp)]
         return session
 
     def _add(self, session: Session) -> Session:

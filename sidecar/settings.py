@@ -57,6 +57,25 @@ class ServerSettings(BaseModel):
         60.0, ge=0, description="Seconds past its lease an idle session is kept before it is closed."
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    api_key: str | None = Field(
+        None,
+        description="Key agents must send as 'Authorization: Bearer KEY'. Unset (and no --api-keys-file): no auth. "
+        "Prefer a config file or --api-keys-file: flags show in ps.",
+    )
+    api_keys_file: str | None = Field(
+        None,
+        description="File of accepted keys, one a line ('#' comments). Each key has its own sessions. "
+        "Re-read when it changes.",
+    )
+    protect_metrics: bool = Field(False, description="With auth on, /metrics needs a key too.")
+    protect_sessions: bool = Field(
+        True,
+        description="With auth on, GET /v1/sessions needs a key (and lists only that key's sessions); "
+        "off: without a key it lists every session. Closing a session always needs its key.",
+    )
+    sglang_api_key: str | None = Field(
+        None, description="SGLang's --api-key, sent as 'Authorization: Bearer' on every engine call."
+    )
 
 
 class SidecarSettings(BaseModel):
