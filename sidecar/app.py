@@ -45,15 +45,18 @@ def load_tokenizer(path: str):
         raise StartupError(f"cannot load a tokenizer from {path!r}: {exc}") from None
 
 
-async def fetch_server_info(engine: EngineClient, attempts: int = 1, delay: float = 1.0) -> dict[str, Any] | None:
-    for attempt in range(attempts):
+async def fetch_server_info(engine: EngineClient, wait_s: float, delay: float = 1.0) -> dict[str, Any] | None:
+    """SGLang's /server_info, retried for up to ``wait_s`` (SGLang often starts after the sidecar)."""
+    deadline = time.monotonic() + wait_s
+    while True:
         try:
             return await engine.server_info()
         except APIError as exc:
-            log.warning("SGLang /server_info failed (%s)", exc.message)
-            if attempt + 1 < attempts:
-                await asyncio.sleep(delay)
-    return None
+            if time.monotonic() + delay > deadline:
+                log.warning("SGLang /server_info failed (%s); starting without it", exc.message)
+                return None
+            log.info("waiting for SGLang at %s (%s)", engine.base_url, exc.message)
+            await asyncio.sleep(delay)
 
 
 def create_app(settings: SidecarSettings, tokenizer=None) -> web.Application:
@@ -96,7 +99,7 @@ def _engine_context(preloaded_tokenizer):
             api_key=settings.sglang_api_key,
         )
         try:
-            info = await fetch_server_info(engine, attempts=1 if settings.tokenizer else 3)
+            info = await fetch_server_info(engine, settings.startup_wait)
             tokenizer = preloaded_tokenizer
             if tokenizer is None:
                 path = settings.tokenizer or (info or {}).get("tokenizer_path")

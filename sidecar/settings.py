@@ -47,6 +47,12 @@ class ServerSettings(BaseModel):
         600.0, gt=0, description="Seconds one engine request may take before the agent gets 504."
     )
     connect_timeout: float = Field(5.0, gt=0, description="Seconds to connect to SGLang.")
+    startup_wait: float = Field(
+        30.0,
+        ge=0,
+        description="Seconds the sidecar waits at startup for SGLang's /server_info (model, KV capacity); "
+        "after that it starts anyway and /health reports the engine down.",
+    )
     connect_retries: int = Field(
         3, ge=0, description="Retries of an engine request that failed to connect (before any output)."
     )

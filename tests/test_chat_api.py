@@ -324,7 +324,7 @@ async def test_engine_errors_map_to_status_codes_and_leave_sessions_intact(sidec
 
 async def test_engine_down_is_503_and_health_says_so(aiohttp_client, qwen3_tokenizer_dir, unused_tcp_port):
     settings = load_settings(
-        overrides={"server": {"sglang_url": f"http://127.0.0.1:{unused_tcp_port}", "tokenizer": str(qwen3_tokenizer_dir), "connect_retries": 1}}
+        overrides={"server": {"sglang_url": f"http://127.0.0.1:{unused_tcp_port}", "tokenizer": str(qwen3_tokenizer_dir), "connect_retries": 1, "startup_wait": 0}}
     )
     client = await aiohttp_client(create_app(settings))
     status, err = await _chat(client, {"messages": [{"role": "user", "content": "x"}]})
@@ -372,3 +372,28 @@ async def test_close_session_route_releases_in_sglang(sidecar):
     await _chat(client, {"messages": [{"role": "user", "content": "y"}]}, {"X-Session-Id": "done-2"})
     assert (await client.post("/close_session", json={"session_id": "done-2"})).status == 200
     assert "done-2" not in {s["id"] for s in (await (await client.get("/v1/sessions")).json())["data"]}
+
+
+async def test_sidecar_waits_for_sglang_that_starts_later(aiohttp_client, qwen3_tokenizer_dir, qwen3_tokenizer, unused_tcp_port):
+    """Started side by side, the sidecar learns SGLang's model and KV capacity once it is up."""
+    from sglang_double import SGLangDouble
+
+    double = SGLangDouble(max_total_num_tokens=12345, served_model_name="late-model")
+    settings = load_settings(
+        overrides={"server": {"sglang_url": f"http://127.0.0.1:{unused_tcp_port}", "tokenizer": str(qwen3_tokenizer_dir), "startup_wait": 10}}
+    )
+
+    async def start_late():
+        await asyncio.sleep(1.5)
+        await double.start(port=unused_tcp_port)
+
+    starter = asyncio.ensure_future(start_late())
+    try:
+        client = await aiohttp_client(create_app(settings, tokenizer=qwen3_tokenizer))
+        models = await (await client.get("/v1/models")).json()
+        assert models["data"][0]["id"] == "late-model"
+        status, _ = await _chat(client, {"messages": [{"role": "user", "content": "hi"}]})
+        assert status == 200
+    finally:
+        await starter
+        await double.stop()
