@@ -30,7 +30,7 @@ from sglang_double import IM_END_ID, QWEN3_VOCAB_SIZE, SGLangDouble, check_contr
 
 from sidecar import keys
 from sidecar.app import create_app
-from sidecar.chat import SESSION_ID_RE
+from sidecar.request_checks import SESSION_ID_RE
 from sidecar.schema import parse_request
 from sidecar.settings import load_settings
 
