@@ -31,7 +31,7 @@ from sidecar.schema import (
     usage_chunk,
     usage_dict,
 )
-from sidecar.sessions import Resolution, TurnState, extend_fingerprint, fingerprints
+from sidecar.sessions import Resolution, TurnState, extend_fingerprint
 from sidecar.tool_parsers import ContentDelta, ToolCallArgumentsDelta, ToolCallStart, get_tool_parser
 
 _DISCONNECTS = (ConnectionResetError, ConnectionError, asyncio.CancelledError)
@@ -108,8 +108,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                 headers={"Retry-After": str(max(1, round(exc.retry_after_s)))},
             ) from None
         admitted = True
-        policy.on_request(session.id, len(ids), time.monotonic())
-        lease = policy.lease_ttl(session.id, len(ids), time.monotonic())
+        now = time.monotonic()
+        policy.on_request(session.id, len(ids), now)
+        lease = policy.lease_ttl(session.id, len(ids), now)
         payload = {
             "rid": f"sidecar-{uuid.uuid4().hex}",
             "input_ids": ids,
@@ -142,7 +143,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 def remember_turn(app: web.Application, res: Resolution, messages: list[dict], gen: Generation, lease: float | None) -> None:
     result = gen.result
     reply = gen.reply_message()
-    reply_fp = extend_fingerprint(res.fingerprint or fingerprints(messages)[-1], {**reply, "content": reply["content"] or ""})
+    reply_fp = extend_fingerprint(res.fingerprint, {**reply, "content": reply["content"] or ""})
     ids = gen.payload["input_ids"] + result.output_ids
     # Token ids fit in 32 bits: half the memory of 64-bit items, for histories of 100K+ tokens.
     state = TurnState(reply_fp, len(messages) + 1, array("i", ids), result.end_id)

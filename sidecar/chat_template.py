@@ -10,7 +10,7 @@ strips ``<think>`` blocks from them) therefore never touch ids the engine alread
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from sidecar.errors import invalid_request
 
@@ -91,6 +91,3 @@ class ChatRenderer:
             return ForcedPrefix('<tool_call>\n{"name": "' + name + '", "arguments": ')
         return None
 
-
-def stop_token_ids(renderer: ChatRenderer, extra: Sequence[int] | None) -> list[int]:
-    return sorted(set(renderer.eos_ids) | set(extra or []))

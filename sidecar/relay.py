@@ -73,7 +73,7 @@ class Generation:
             meta = chunk.get("meta_info") or {}
             if ids and result.first_token_at is None:
                 result.first_token_at = time.monotonic()
-            result.output_ids = list(ids)
+            result.output_ids = ids  # a fresh list per chunk (cumulative); the detokenizer keeps its own
             self._read_usage(meta)
             text = self.detok.update(ids)
             finish = meta.get("finish_reason")

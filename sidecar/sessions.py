@@ -127,7 +127,7 @@ class Resolution:
     base: TurnState | None
     new_messages_from: int  # index of the first message not covered by base
     is_new_session: bool
-    fingerprint: bytes = b""  # of the request's messages (the reply extends it; saves hashing them twice)
+    fingerprint: bytes  # of the request's messages (the reply extends it; saves hashing them twice)
 
 
 class SessionRegistry:
