@@ -256,7 +256,8 @@ class LeaseManager:
         paths = {l.session_id: self.tree.path(l.node_id) for l in hard}
         total = union_tokens(paths.values())
         while total > limit and hard:
-            victim = release_order(hard, exclusive_tokens(paths), self.table.clock)[0]
+            exclusive = exclusive_tokens(paths)
+            victim = release_order(hard, exclusive, self.table.clock)[0]
             self.tree.unlock(victim.handle)
             if self.settings.soft_overflow:
                 self.table.demote(victim.session_id)
@@ -265,7 +266,7 @@ class LeaseManager:
             self.metrics.inc("demotions")
             hard.remove(victim)
             del paths[victim.session_id]
-            total = union_tokens(paths.values())
+            total -= exclusive[victim.session_id]  # what only its path covered leaves the union
         self._hard_tokens = total
 
     def _recount(self) -> None:
