@@ -24,8 +24,13 @@
 #   TRACE=path          trace file (default: the reference preset, saved to OUT_DIR/trace.jsonl)
 #   LEASE_TTL=10        lease for plugin:generate
 #   SERVE=/tmp/kit/part01/serve.sh   MODEL=/tmp/qwen3-8b   TOK_DIR=/tmp/qwen3-tokenizer
+#     (SERVE=benchmarks/sim_serve.sh: the simulator stands in for SGLang, a dry run on any machine)
 #   SIDECAR_CONFIG=configs/coding-agent.toml   SIDECAR_PORT=8000   PORT=30000
+#   SIDECAR_ARGS="..."       extra sidecar flags (e.g. --policy-mode fixed --policy-fixed-ttl 10)
+#   PLUGIN_CONFIG='{"max_leased_fraction": 0.8}'   --radix-eviction-policy-config of sidecar/plugin
+#   RUN_TAG=-f10             appended to every run name (variants of one config side by side)
 #   EXTRA_SGLANG_ARGS="..."  appended to every serve.sh call
+#   CUDA_VISIBLE_DEVICES=1 PORT=30001 SIDECAR_PORT=8001  a second matrix on a second GPU at once
 set -uo pipefail
 
 OUT=${1:?usage: run_matrix.sh OUT_DIR [CONFIG ...]}; shift
@@ -43,6 +48,9 @@ MODEL_TOK=${MODEL_TOK:-/tmp/qwen3-8b-tok}
 PORT=${PORT:-30000}
 SIDECAR_PORT=${SIDECAR_PORT:-8000}
 SIDECAR_CONFIG=${SIDECAR_CONFIG:-$REPO/configs/coding-agent.toml}
+SIDECAR_ARGS=${SIDECAR_ARGS:-}
+PLUGIN_CONFIG=${PLUGIN_CONFIG:-'{"max_leased_fraction": 0.8}'}
+RUN_TAG=${RUN_TAG:-}
 EXTRA_SGLANG_ARGS=${EXTRA_SGLANG_ARGS:-}
 ENGINE=http://127.0.0.1:$PORT
 
@@ -78,19 +86,24 @@ serve() {  # serve.sh [sglang args]; MODEL_DIR selects the model folder
 }
 
 SIDECAR_PID=
-stop_sidecar() { [ -n "$SIDECAR_PID" ] && kill "$SIDECAR_PID" 2>/dev/null; SIDECAR_PID=; }
-start_sidecar() {
+stop_sidecar() {
+  [ -n "$SIDECAR_PID" ] || return 0
+  kill "$SIDECAR_PID" 2>/dev/null; wait "$SIDECAR_PID" 2>/dev/null; SIDECAR_PID=
+}
+start_sidecar() {  # RUN_NAME (names its log)
   local cmd=(python3 -m sidecar serve --sglang-url "$ENGINE" --port "$SIDECAR_PORT" --tokenizer "$TOK_DIR")
   [ -f "$SIDECAR_CONFIG" ] && cmd+=(--config "$SIDECAR_CONFIG")
+  # shellcheck disable=SC2206
+  cmd+=($SIDECAR_ARGS)
   echo "$(quoted "${cmd[@]}")&" >>"$CMDS"
-  "${cmd[@]}" >"$OUT/logs/sidecar.log" 2>&1 &
+  "${cmd[@]}" >"$OUT/logs/sidecar-$1.log" 2>&1 &
   SIDECAR_PID=$!
   for _ in $(seq 60); do
     curl -s -o /dev/null "127.0.0.1:$SIDECAR_PORT/health" && return 0  # any HTTP answer: it listens
     kill -0 "$SIDECAR_PID" 2>/dev/null || break
     sleep 1
   done
-  log "sidecar did not come up; last lines:"; tail -20 "$OUT/logs/sidecar.log"; return 1
+  log "sidecar did not come up; last lines:"; tail -20 "$OUT/logs/sidecar-$1.log"; return 1
 }
 trap stop_sidecar EXIT
 
@@ -108,14 +121,14 @@ for cfg in $CONFIGS; do
     lru) ;;
     tlru) sglang=(--radix-eviction-policy tlru --radix-eviction-policy-config '{"threshold": 4096, "next_prompt_estimate": 1024}') ;;
     session-radix) sglang=(--enable-session-radix-cache) ;;
-    sidecar|plugin) sglang=(--radix-eviction-policy session_ttl) ;;
+    sidecar|plugin) sglang=(--radix-eviction-policy session_ttl --radix-eviction-policy-config "$PLUGIN_CONFIG") ;;
     cap12) args=(--max-concurrent-sessions 12) ;;
     cap8) args=(--max-concurrent-sessions 8) ;;
     unconstrained) kv=600000 ;;
     *) log "unknown config $cfg; skipped"; continue ;;
   esac
   [ "$name" = plugin ] && args+=(--lease-ttl "$LEASE_TTL")
-  if [ "${sglang[*]}" = "--radix-eviction-policy session_ttl" ] && ! plugin_installed; then
+  if [ "${sglang[1]:-}" = session_ttl ] && ! plugin_installed; then
     log "WARNING: no session_ttl entry point; install the plugin into SGLang's env first, e.g."
     log "  pip install --no-deps --no-build-isolation --target /tmp/site $REPO"
   fi
@@ -132,16 +145,20 @@ for cfg in $CONFIGS; do
     log "SGLang did not start for $cfg; skipped"; cp "/tmp/sglang-$PORT.log" "$OUT/logs/sglang-$name-$mode.log" 2>/dev/null
     continue
   fi
-  if [ "$name" = sidecar ]; then start_sidecar || { stop_sidecar; continue; }; fi
   for gap in $GAPS; do
-    run_name="$name-$mode-${gap}s"
+    run_name="$name-$mode-${gap}s$RUN_TAG"
+    # a fresh sidecar per run: what its predictor learned at one gap must not carry into the next
+    if [ "$name" = sidecar ]; then start_sidecar "$run_name" || { stop_sidecar; continue; }; fi
     log "run $run_name"
     run timeout $((TIME_LIMIT + 120)) python3 -m benchmarks.replay --mode "$mode" --url "$url" \
       --trace "$TRACE" --tool-wait "$gap" --time-limit "$TIME_LIMIT" --close-sessions --flush-cache \
       --salt "$run_name" --name "$run_name" --out "$OUT" "${args[@]}" 2>&1 | tee -a "$OUT/logs/matrix.log"
+    if [ "$name" = sidecar ]; then
+      curl -s "127.0.0.1:$SIDECAR_PORT/metrics" >"$OUT/logs/sidecar-metrics-$run_name.txt"
+    fi
+    stop_sidecar
   done
-  stop_sidecar
-  cp "/tmp/sglang-$PORT.log" "$OUT/logs/sglang-$name-$mode.log" 2>/dev/null
+  cp "/tmp/sglang-$PORT.log" "$OUT/logs/sglang-$name-$mode$RUN_TAG.log" 2>/dev/null
 done
 stop_engine
 
@@ -149,8 +166,8 @@ stop_engine
 first_cfg=${CONFIGS%% *}; first_name=${first_cfg%%:*}; first_mode=${first_cfg##*:}
 [ "$first_mode" = "$first_cfg" ] && first_mode=generate
 for gap in $GAPS; do
-  ls "$OUT"/*-"${gap}"s.json >/dev/null 2>&1 || continue
-  run python3 -m benchmarks.report "$OUT"/*-"${gap}"s.json --baseline "$first_name-$first_mode-${gap}s" \
+  ls "$OUT"/*-"${gap}"s*.json >/dev/null 2>&1 || continue
+  run python3 -m benchmarks.report "$OUT"/*-"${gap}"s*.json --baseline "$first_name-$first_mode-${gap}s" \
     --md "$OUT/table-${gap}s.md" --png "$OUT/plot-${gap}s.png" \
     --title "agent-trace replay, ${gap} s tool wait, KV $KV tokens" | tee -a "$OUT/logs/matrix.log"
 done
