@@ -86,7 +86,9 @@ async def replay(trace: Trace, *, url: str, mode: str, opts: ClientOptions, engi
                  stop_on_error: bool = False, tokenizer: str | None = None, flush: bool = False,
                  ) -> tuple[dict[str, Any], list[TurnRecord]]:
     """Run the trace; return (run dict without name/command, per-turn records)."""
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    # reuse idle connections for less than SGLang's 5 s keep-alive: a turn sent after a 5 s tool
+    # gap must not race the server closing its connection (a spurious 'Server disconnected')
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=3.0)
     async with aiohttp.ClientSession(connector=connector) as http:
         if flush:
             await flush_cache(http, engine_url or url)

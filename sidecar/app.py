@@ -87,7 +87,7 @@ def _engine_context(preloaded_tokenizer):
     async def context(app: web.Application) -> AsyncIterator[None]:
         settings = app[keys.SETTINGS].server
         http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=settings.engine_keepalive),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout),
         )
         engine = EngineClient(

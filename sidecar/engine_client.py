@@ -2,7 +2,9 @@
 
 Mechanism only: it sends what it is given and maps failures to OpenAI-style errors. Connection
 failures are retried (tenacity) only while nothing has been received, so a retry can never
-duplicate output the agent already got.
+duplicate output the agent already got. That includes a pooled connection the server closed just
+as the request went out (SGLang's uvicorn drops connections idle for 5 s, exactly an agent's tool
+gap): aiohttp reports it as ServerDisconnectedError before any response line.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ log = logging.getLogger("sidecar.engine")
 
 # Key under sampling_params.custom_params that carries a session lease to the sglang_ext plugin.
 LEASE_PARAM = "session_lease_ttl_s"
+
+# Failures of _open that happen before any response byte: safe to send again.
+_NOTHING_RECEIVED = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError)
 
 
 class EngineClient:
@@ -48,7 +53,7 @@ class EngineClient:
     async def _open(self, method: str, path: str, **kwargs) -> aiohttp.ClientResponse:
         """Send a request, retrying connection failures; the response is open and status-checked."""
         retrying = AsyncRetrying(
-            retry=retry_if_exception_type(aiohttp.ClientConnectorError),
+            retry=retry_if_exception_type(_NOTHING_RECEIVED),
             stop=stop_after_attempt(self.connect_retries + 1),
             wait=wait_exponential(multiplier=0.1, max=2.0),
             reraise=True,
@@ -59,6 +64,8 @@ class EngineClient:
                     resp = await self.http.request(method, self._url(path), headers=self.headers, **kwargs)
         except aiohttp.ClientConnectorError as exc:
             raise engine_unavailable(f"SGLang is not reachable at {self.base_url}: {exc}") from None
+        except aiohttp.ServerDisconnectedError as exc:
+            raise engine_unavailable(f"SGLang closed the connection without answering: {exc}") from None
         except asyncio.TimeoutError:
             raise engine_timeout(f"SGLang did not answer {path} in time") from None
         except aiohttp.ClientError as exc:

@@ -54,7 +54,17 @@ class ServerSettings(BaseModel):
         "after that it starts anyway and /health reports the engine down.",
     )
     connect_retries: int = Field(
-        3, ge=0, description="Retries of an engine request that failed to connect (before any output)."
+        3,
+        ge=0,
+        description="Retries of an engine request that failed to connect or whose connection SGLang dropped "
+        "before answering (nothing received yet, so nothing is duplicated).",
+    )
+    engine_keepalive: float = Field(
+        4.0,
+        gt=0,
+        description="Seconds an idle connection to SGLang is reused. Keep it below SGLang's own keep-alive "
+        "(SGLANG_TIMEOUT_KEEP_ALIVE, 5 s), or a turn sent after a ~5 s tool gap races the server closing the "
+        "connection.",
     )
     max_sessions: int = Field(
         10_000, ge=1, description="Most sessions remembered; the least recently used is forgotten."

@@ -268,6 +268,9 @@ class Faults:
     * ``drop_next``: that many requests lose their connection after
       ``drop_after_tokens`` streamed tokens (non-streaming: no response at all).
     * ``first_token_delay``: seconds to wait before the first token (all requests).
+    * ``hang_up_next``: that many requests find their connection closed before any response
+      line, as when SGLang's uvicorn drops a keep-alive connection idle for 5 s
+      (SGLANG_TIMEOUT_KEEP_ALIVE) just as the client reuses it. Nothing was processed.
     """
 
     fail_next: int = 0
@@ -276,6 +279,13 @@ class Faults:
     drop_next: int = 0
     drop_after_tokens: int = 0
     first_token_delay: float = 0.0
+    hang_up_next: int = 0
+
+    def take_hang_up(self) -> bool:
+        if self.hang_up_next > 0:
+            self.hang_up_next -= 1
+            return True
+        return False
 
     def take_failure(self) -> bool:
         if self.fail_next > 0:
@@ -467,6 +477,9 @@ class SGLangDouble:
 
     async def _handle_generate(self, request: web.Request) -> web.StreamResponse:
         received = time.time()
+        if self.faults.take_hang_up():
+            _drop_connection(request)
+            return web.Response(status=500)  # never reaches the client
         body = await _read_json(request)
         self.requests.append(copy.deepcopy(body))
         if self.faults.take_failure():

@@ -197,6 +197,41 @@ async def test_first_request_after_engine_restart_does_not_trip_on_stale_connect
         assert status == 200, body
 
 
+async def test_engine_closing_an_idle_connection_as_the_turn_is_sent_does_not_fail_the_turn(
+    make_sidecar, sglang_double, qwen3_tokenizer
+):
+    # SGLang closes keep-alive connections idle for 5 s: an agent back from a ~5 s tool gap can
+    # send its turn on a connection the server is closing (seen on the H200: one 503 per run).
+    client = await make_sidecar(connect_retries=1)
+    sid = {"X-Session-Id": "keepalive"}
+    first = [{"role": "user", "content": "run the tests"}]
+    status, body = await chat(client, {"messages": first, "max_tokens": 3}, headers=sid)
+    assert status == 200, body
+    sglang_double.faults.hang_up_next = 1
+    second = first + [body["choices"][0]["message"], {"role": "user", "content": "they pass"}]
+    status, body2 = await chat(client, {"messages": second, "max_tokens": 3}, headers=sid)
+    assert status == 200, body2
+    generates = sglang_double.generate_requests()
+    assert len(generates) == 2  # the hung-up attempt never reached the engine; the retry did
+    assert generates[1]["input_ids"][: len(generates[0]["input_ids"])] == generates[0]["input_ids"]
+    assert body2["usage"]["prompt_tokens_details"]["cached_tokens"] >= len(generates[0]["input_ids"])
+
+
+async def test_engine_hanging_up_every_attempt_is_a_clean_503_and_the_session_survives(make_sidecar, sglang_double):
+    client = await make_sidecar(connect_retries=1)
+    sid = {"X-Session-Id": "hangups"}
+    first = [{"role": "user", "content": "x"}]
+    status, body = await chat(client, {"messages": first, "max_tokens": 2}, headers=sid)
+    assert status == 200
+    sglang_double.faults.hang_up_next = 2  # the attempt and its one retry
+    second = first + [body["choices"][0]["message"], {"role": "user", "content": "y"}]
+    status, err = await chat(client, {"messages": second, "max_tokens": 2}, headers=sid)
+    assert status == 503 and err["error"]["code"] == "engine_unavailable", err
+    status, body = await chat(client, {"messages": second, "max_tokens": 2}, headers=sid)
+    assert status == 200, body
+    assert body["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # continued, not restarted
+
+
 # --------------------------------------------------------------------------- SGLang restarted
 
 
