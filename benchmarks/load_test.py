@@ -105,7 +105,7 @@ def _double_main(port: int, token_delay: float, reply_ids: list[int], use_uvloop
             super().__init__(**kw)
             self.stamps: dict[str, list] = {}
 
-        async def _handle_generate(self, request):
+        async def handle_generate(self, request):
             received = time.time()
             body = await request.json()
             try:

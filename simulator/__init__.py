@@ -14,6 +14,7 @@ Module map (only ``sglang_env``, ``engine`` and what imports them touch sglang; 
 * ``engine``     the discrete-event engine (scheduler + real cache + cost model)
 * ``replay``     closed-loop trace replay in virtual time, sidecar policy in the loop
 * ``server``     aiohttp server with SGLang's HTTP contract, driven in (scaled) real time
+* ``http_contract`` SGLang's route table, shared with the test double (no sglang)
 * ``calibrate``  refit the cost model from GPU run JSON/CSVs
 * ``cli``        the thin ``simulate`` click command
 """

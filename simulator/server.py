@@ -32,6 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from simulator.engine import SimEngine, SimRequest
+from simulator.http_contract import sglang_app
 
 log = logging.getLogger(__name__)
 
@@ -85,21 +86,7 @@ class SimServer:
 
     # ------------------------------------------------------------------ lifecycle
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=256 * 1024 * 1024)
-        app.router.add_route("POST", "/generate", self.handle_generate)
-        app.router.add_route("PUT", "/generate", self.handle_generate)
-        app.router.add_post("/abort_request", self.handle_abort)
-        for path in ("/server_info", "/get_server_info"):
-            app.router.add_get(path, self.handle_server_info)
-        app.router.add_get("/model_info", self.handle_model_info)
-        for path in ("/health", "/health_generate", "/ready"):
-            app.router.add_get(path, self.handle_health)
-        for method in ("GET", "POST"):
-            app.router.add_route(method, "/open_session", self.handle_open_session)
-            app.router.add_route(method, "/close_session", self.handle_close_session)
-            app.router.add_route(method, "/flush_cache", self.handle_flush_cache)
-        app.router.add_get("/v1/models", self.handle_models)
-        app.router.add_get("/metrics", self.handle_metrics)
+        app = sglang_app(self)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app

@@ -54,6 +54,8 @@ from typing import Any, Awaitable, Callable, Iterator, Optional, Union
 
 from aiohttp import web
 
+from simulator.http_contract import sglang_app
+
 SGLANG_VERSION = "0.5.23"
 
 IM_END_ID = 151645
@@ -456,26 +458,11 @@ class SGLangDouble:
     # ------------------------------------------------------------------ app
 
     def _build_app(self) -> web.Application:
-        app = web.Application(client_max_size=256 * 1024 * 1024)
-        app.router.add_route("POST", "/generate", self._handle_generate)
-        app.router.add_route("PUT", "/generate", self._handle_generate)
-        app.router.add_post("/abort_request", self._handle_abort)
-        for path in ("/server_info", "/get_server_info"):
-            app.router.add_get(path, self._handle_server_info)
-        app.router.add_get("/model_info", self._handle_model_info)
-        for path in ("/health", "/health_generate", "/ready"):
-            app.router.add_get(path, self._handle_health)
-        for method in ("GET", "POST"):
-            app.router.add_route(method, "/open_session", self._handle_open_session)
-            app.router.add_route(method, "/close_session", self._handle_close_session)
-            app.router.add_route(method, "/flush_cache", self._handle_flush_cache)
-        app.router.add_get("/v1/models", self._handle_models)
-        app.router.add_get("/metrics", self._handle_metrics)
-        return app
+        return sglang_app(self)
 
     # ------------------------------------------------------------------ /generate
 
-    async def _handle_generate(self, request: web.Request) -> web.StreamResponse:
+    async def handle_generate(self, request: web.Request) -> web.StreamResponse:
         received = time.time()
         if self.faults.take_hang_up():
             _drop_connection(request)
@@ -712,7 +699,7 @@ class SGLangDouble:
 
     # ------------------------------------------------------------------ other routes
 
-    async def _handle_abort(self, request: web.Request) -> web.Response:
+    async def handle_abort(self, request: web.Request) -> web.Response:
         body = await _read_json(request)
         self.aborts.append(copy.deepcopy(body))
         if body.get("abort_all"):
@@ -734,7 +721,7 @@ class SGLangDouble:
             if running.transport is not None:
                 running.transport.close()
 
-    async def _handle_server_info(self, request: web.Request) -> web.Response:
+    async def handle_server_info(self, request: web.Request) -> web.Response:
         return _json_response(self.server_info(), 200)
 
     def server_info(self) -> dict:
@@ -774,7 +761,7 @@ class SGLangDouble:
             "frontend": "python",
         }
 
-    async def _handle_model_info(self, request: web.Request) -> web.Response:
+    async def handle_model_info(self, request: web.Request) -> web.Response:
         return _json_response(
             {
                 "model_path": self.model_path,
@@ -788,10 +775,10 @@ class SGLangDouble:
             200,
         )
 
-    async def _handle_health(self, request: web.Request) -> web.Response:
+    async def handle_health(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.healthy else 503)
 
-    async def _handle_open_session(self, request: web.Request) -> web.Response:
+    async def handle_open_session(self, request: web.Request) -> web.Response:
         body = await _read_json(request)
         self.opened_sessions.append(copy.deepcopy(body))
         if "capacity_of_str_len" not in body:
@@ -806,7 +793,7 @@ class SGLangDouble:
         self.open_sessions[session_id] = body
         return _json_response(session_id, 200)
 
-    async def _handle_close_session(self, request: web.Request) -> web.Response:
+    async def handle_close_session(self, request: web.Request) -> web.Response:
         body = await _read_json(request)
         self.closed_sessions.append(copy.deepcopy(body))
         if "session_id" not in body:
@@ -814,7 +801,7 @@ class SGLangDouble:
         self.open_sessions.pop(body["session_id"], None)
         return web.Response(status=200)
 
-    async def _handle_flush_cache(self, request: web.Request) -> web.Response:
+    async def handle_flush_cache(self, request: web.Request) -> web.Response:
         self.flushes += 1
         if self._running:
             return web.Response(status=400, text="Flush cache failed.\n")
@@ -825,7 +812,7 @@ class SGLangDouble:
             "(When there are running or waiting requests, the operation will not be performed.)\n",
         )
 
-    async def _handle_models(self, request: web.Request) -> web.Response:
+    async def handle_models(self, request: web.Request) -> web.Response:
         card = {
             "id": self.served_model_name,
             "object": "model",
@@ -837,7 +824,7 @@ class SGLangDouble:
         }
         return _json_response({"object": "list", "data": [card]}, 200)
 
-    async def _handle_metrics(self, request: web.Request) -> web.Response:
+    async def handle_metrics(self, request: web.Request) -> web.Response:
         return web.Response(
             body=self.metrics_text().encode(),
             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
