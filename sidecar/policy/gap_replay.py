@@ -93,7 +93,7 @@ def format_report(scores, error: dict, header: str) -> str:
 @click.option("--segments", default=0, show_default=True, help="Also break hit rate and cost down by this many time segments.")
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), help="Also write the results as JSON.")
 def gap_replay(trace, synthetic, sessions, seed, regime_change_at, slowdown, write_trace, config_file, sets, fixed_ttls, segments, json_out):
-    """Replay tool gaps (gap JSONL, TraceLab CSV/JSONL or agent-trace-v1) through the return-time predictor."""
+    """Replay tool gaps (gap JSONL, or any benchmark trace: agent-trace-v1, TraceLab CSV/JSONL, OpenAI JSONL) through the return-time predictor."""
     if (trace is None) == (synthetic is None):
         raise click.UsageError("give either a TRACE file or --synthetic WORKLOAD")
     try:

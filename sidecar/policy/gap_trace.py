@@ -4,17 +4,15 @@ JSONL, one object a line: {"session_id", "tool_names": [..], "context_tokens", "
 * gap_s: seconds from the end of the reply to the session's next request; null = never came back;
 * t: when the reply ended (seconds, any origin). Without t, a timeline is made up: sessions start
   1 s apart in order of first appearance, and each turn takes 1 s plus the gap before it.
-Also read: TraceLab's round-level replay CSV/JSONL (session_id or id, round_idx, prefix_len,
-input_len, output_len, tool_wait_after_ms): context = prefix + input + output, gap = the wait after
-the round, the last round of a session never comes back, tool name "(unknown)"; and the
-benchmarks' agent-trace-v1 JSONL (header line, then one session a line with rounds of
-append_tokens / output_tokens / tool_wait_s / optional reply): same rules, tool names from the
-recorded reply's tool_calls when there is one, and a timeline from start_s.
+Every replay trace of the benchmarks is read too, through their one trace model
+(``benchmarks.traces.read_any``: agent-trace-v1, TraceLab round CSV/JSONL, OpenAI conversations):
+one record per round, context = the round's prompt + reply, gap = the wait after it, the last round
+never comes back, tool names from the recorded reply's tool_calls ("(unknown)" without a reply),
+the timeline from the sessions' start_s (1 s per turn).
 """
 
 from __future__ import annotations
 
-import csv
 import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
@@ -22,7 +20,6 @@ from pathlib import Path
 
 TURN_SECONDS_WITHOUT_T = 1.0
 TRACELAB_TOOL = "(unknown)"
-AGENT_TRACE_FORMAT = "agent-trace-v1"
 
 
 @dataclass
@@ -49,31 +46,36 @@ class GapTraceError(ValueError):
 
 
 def read_gap_trace(path: str | Path) -> list[GapRecord]:
-    """Records of a gap JSONL or TraceLab CSV/JSONL file, with a timeline, sorted by t."""
+    """Records of a gap JSONL file or of any benchmark trace, with a timeline, sorted by t."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as exc:
         raise GapTraceError(f"cannot read trace {path}: {exc}") from None
-    if path.suffix.lower() == ".csv":
-        rows = list(csv.DictReader(text.splitlines()))
-        return with_timeline(tracelab_rounds_to_gaps(rows, path))
     rows = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise GapTraceError(f"{path}:{lineno}: not JSON: {exc}") from None
-        if not isinstance(row, dict):
-            raise GapTraceError(f"{path}:{lineno}: expected an object")
-        rows.append((lineno, row))
-    if rows and rows[0][1].get("format") == AGENT_TRACE_FORMAT:
-        return with_timeline(agent_trace_to_gaps([r for _, r in rows[1:]], path))
-    if rows and "tool_wait_after_ms" in rows[0][1]:
-        return with_timeline(tracelab_rounds_to_gaps([r for _, r in rows], path))
-    return with_timeline([_gap_record(row, path, lineno) for lineno, row in rows])
+    if path.suffix.lower() != ".csv":
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise GapTraceError(f"{path}:{lineno}: not JSON: {exc}") from None
+            if not isinstance(row, dict):
+                raise GapTraceError(f"{path}:{lineno}: expected an object")
+            rows.append((lineno, row))
+    if rows and "gap_s" in rows[0][1]:
+        return with_timeline([_gap_record(row, path, lineno) for lineno, row in rows])
+    return with_timeline(trace_to_gaps(_read_replay_trace(path)))
+
+
+def _read_replay_trace(path: Path):
+    from benchmarks.traces import read_any  # the benchmarks' trace model (imported only here)
+
+    try:
+        return read_any(path)
+    except (ValueError, KeyError, TypeError, StopIteration) as exc:
+        raise GapTraceError(f"{path}: not a gap trace nor a replay trace: {exc}") from None
 
 
 def write_gap_trace(records: Iterable[GapRecord], path: str | Path) -> None:
@@ -103,46 +105,17 @@ def _gap_record(row: dict, path: Path, lineno: int) -> GapRecord:
     return record
 
 
-def tracelab_rounds_to_gaps(rows: list[dict], path: Path | str = "<rows>") -> list[GapRecord]:
-    """One gap per TraceLab round: the wait after it; a session's last round never comes back."""
-    sessions: dict[str, list[dict]] = {}
-    for i, row in enumerate(rows):
-        sid = row.get("session_id", row.get("id"))
-        if sid is None:
-            raise GapTraceError(f"{path}: row {i + 1} has no session_id/id")
-        sessions.setdefault(str(sid), []).append(row)
+def trace_to_gaps(trace) -> list[GapRecord]:
+    """One gap per round of a ``benchmarks.traces.Trace``; a session's last round never comes back."""
     records = []
-    for sid, rounds in sessions.items():
-        rounds.sort(key=lambda r: int(float(r.get("round_idx", 0))))
-        for i, r in enumerate(rounds):
-            try:
-                context = sum(int(float(r.get(k) or 0)) for k in ("prefix_len", "input_len", "output_len"))
-                wait_ms = float(r.get("tool_wait_after_ms") or 0)
-            except ValueError as exc:
-                raise GapTraceError(f"{path}: session {sid} round {i}: {exc}") from None
-            last = i == len(rounds) - 1
-            records.append(GapRecord(sid, [TRACELAB_TOOL], context, None if last else wait_ms / 1000.0))
-    return records
-
-
-def agent_trace_to_gaps(sessions: list[dict], path: Path | str = "<rows>") -> list[GapRecord]:
-    """One gap per round of an agent-trace-v1 session; the last round never comes back."""
-    records = []
-    for session in sessions:
-        try:
-            sid = str(session["session_id"])
-            t = float(session.get("start_s", 0.0))
-            context = 0
-            rounds = session["rounds"]
-            for i, r in enumerate(rounds):
-                context += int(r.get("append_tokens", 0)) + int(r["output_tokens"])
-                t += TURN_SECONDS_WITHOUT_T
-                last = i == len(rounds) - 1
-                gap = None if last else float(r.get("tool_wait_s", 0.0))
-                records.append(GapRecord(sid, _reply_tools(r.get("reply")), context, gap, t))
-                t += gap or 0.0
-        except (KeyError, TypeError, ValueError) as exc:
-            raise GapTraceError(f"{path}: bad agent-trace session: {exc!r}") from None
+    for session in trace.sessions:
+        t, context = session.start_s, 0
+        for i, r in enumerate(session.rounds):
+            context += r.append_tokens + r.output_tokens
+            t += TURN_SECONDS_WITHOUT_T
+            gap = None if i == len(session.rounds) - 1 else r.tool_wait_s
+            records.append(GapRecord(session.session_id, _reply_tools(r.reply), context, gap, t))
+            t += gap or 0.0
     return records
 
 

@@ -76,7 +76,9 @@ def test_tracelab_csv_rounds_become_gaps(tmp_path):
     )
     records = read_gap_trace(path)
     assert [r.gap_s for r in records] == [0.3, 5.0, None]
-    assert [r.context_tokens for r in records] == [1040, 1250, 1380]
+    # the benchmarks' replay model: each round resends the history (replies included) + its input
+    assert [r.context_tokens for r in records] == [1040, 1290, 1420]
+    assert [r.tool_names for r in records] == [["(unknown)"]] * 3
 
 
 def test_agent_trace_v1_sessions_become_gaps(tmp_path):
@@ -102,6 +104,28 @@ def test_agent_trace_v1_sessions_become_gaps(tmp_path):
     assert [r.context_tokens for r in records] == [1050, 1280, 1400]
     assert records[0].tool_names == ["execute_bash"] and records[1].tool_names == ["(unknown)"]
     assert records[0].t == 6.0 and records[1].t == 7.4
+
+
+def test_openai_conversations_become_gaps_through_the_trace_model(tmp_path):
+    path = tmp_path / "chats.jsonl"
+    call = {"id": "c1", "type": "function", "function": {"name": "run_tests", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "fix the bug", "timestamp": 0.0},
+        {"role": "assistant", "content": "", "tool_calls": [call], "timestamp": 1.0},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok", "timestamp": 4.0},
+        {"role": "assistant", "content": "done", "timestamp": 5.0},
+    ]
+    path.write_text(json.dumps({"messages": messages}) + "\n")
+    records = read_gap_trace(path)
+    assert [r.gap_s for r in records] == [3.0, None]
+    assert records[0].tool_names == ["run_tests"]
+
+
+def test_a_file_that_is_no_trace_is_a_clear_error(tmp_path):
+    path = tmp_path / "notes.jsonl"
+    path.write_text('{"hello": "world"}\n')
+    with pytest.raises(GapTraceError, match="notes.jsonl"):
+        read_gap_trace(path)
 
 
 def test_bad_trace_lines_name_the_line(tmp_path):
