@@ -121,7 +121,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         gen = Generation(
             app[keys.ENGINE],
             payload,
-            renderer.tokenizer,
+            renderer.codec,
             get_tool_parser(parser_name),
             req.stop,
             forced.text if forced else None,
