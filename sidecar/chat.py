@@ -10,7 +10,6 @@ import asyncio
 import json
 import time
 import uuid
-from array import array
 from typing import Any
 
 from aiohttp import web
@@ -19,6 +18,7 @@ from sidecar import keys
 from sidecar.auth import request_scope
 from sidecar.engine_client import LEASE_PARAM
 from sidecar.errors import APIError, invalid_request
+from sidecar.id_text import IdText
 from sidecar.policy import AdmissionRejected, TurnEnd
 from sidecar.relay import Generation
 from sidecar.request_checks import check_template_kwargs, explicit_session_id, read_json_body
@@ -59,16 +59,13 @@ def sampling_params(req: ChatCompletionRequest, settings, stop_ids: list[int], l
     return params
 
 
-def prompt_ids(app: web.Application, res: Resolution, messages: list[dict], req: ChatCompletionRequest) -> list[int]:
+def prompt_ids(app: web.Application, res: Resolution, messages: list[dict], req: ChatCompletionRequest) -> IdText:
     renderer = app[keys.RENDERER]
     tools = req.template_tools()
     kwargs = req.chat_template_kwargs
     if res.base is not None:
-        ids = list(res.base.token_ids)
-        ids += renderer.render_suffix(messages[res.new_messages_from :], res.base.end_id, tools, kwargs)
-    else:
-        ids = renderer.render_full(messages, tools, kwargs)
-    return ids
+        return res.base.token_ids + renderer.render_suffix(messages[res.new_messages_from :], res.base.end_id, tools, kwargs)
+    return IdText(renderer.render_full(messages, tools, kwargs))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -145,8 +142,7 @@ def remember_turn(app: web.Application, res: Resolution, messages: list[dict], g
     reply = gen.reply_message()
     reply_fp = extend_fingerprint(res.fingerprint, {**reply, "content": reply["content"] or ""})
     ids = gen.payload["input_ids"] + result.output_ids
-    # Token ids fit in 32 bits: half the memory of 64-bit items, for histories of 100K+ tokens.
-    state = TurnState(reply_fp, len(messages) + 1, array("i", ids), result.end_id)
+    state = TurnState(reply_fp, len(messages) + 1, ids, result.end_id)
     registry = app[keys.REGISTRY]
     registry.record_turn(res.session, state)
     now = time.monotonic()

@@ -16,6 +16,7 @@ import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from sidecar.errors import APIError, engine_error, engine_timeout, engine_unavailable, invalid_request
+from sidecar.id_text import IdText
 
 log = logging.getLogger("sidecar.engine")
 
@@ -42,15 +43,17 @@ class EngineClient:
         self.connect_retries = connect_retries
         # SGLang's --api-key; sent on every call (SGLang itself leaves /health and /metrics open).
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._json_headers = {**self.headers, "Content-Type": "application/json"}
 
     def _url(self, path: str) -> str:
         return f"{self.base_url}{path}"
 
     async def _open(self, method: str, path: str, **kwargs) -> aiohttp.ClientResponse:
         """Send a request, retrying connection failures; the response is open and status-checked."""
+        kwargs.setdefault("headers", self.headers)
         try:
             try:  # the common case pays nothing for the retry machinery
-                resp = await self.http.request(method, self._url(path), headers=self.headers, **kwargs)
+                resp = await self.http.request(method, self._url(path), **kwargs)
             except aiohttp.ClientConnectorError:
                 if self.connect_retries <= 0:
                     raise
@@ -78,7 +81,7 @@ class EngineClient:
         )
         async for attempt in retrying:
             with attempt:
-                resp = await self.http.request(method, self._url(path), headers=self.headers, **kwargs)
+                resp = await self.http.request(method, self._url(path), **kwargs)
         return resp
 
     async def get_json(self, path: str, timeout: float = 10.0) -> Any:
@@ -103,10 +106,10 @@ class EngineClient:
         On a timeout the request is also aborted in SGLang, so the engine stops working for an
         answer nobody waits for.
         """
-        body = {**payload, "stream": True}
+        body = _json_body({**payload, "stream": True})
         timeout = aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=self.connect_timeout)
         try:
-            resp = await self._open("POST", "/generate", json=body, timeout=timeout)
+            resp = await self._open("POST", "/generate", data=body, timeout=timeout, headers=self._json_headers)
         except APIError as err:
             if err.code == "engine_timeout" and payload.get("rid"):
                 asyncio.ensure_future(self.abort(payload["rid"]))
@@ -165,6 +168,15 @@ class EngineClient:
             return None
         async with resp:
             return await resp.text() if resp.status == 200 else None
+
+
+def _json_body(payload: dict[str, Any]) -> bytes:
+    """The payload as JSON; ``input_ids`` held as IdText is spliced in as it is (see id_text)."""
+    ids = payload.get("input_ids")
+    if not isinstance(ids, IdText):
+        return json.dumps(payload).encode()
+    rest = json.dumps({k: v for k, v in payload.items() if k != "input_ids"}).encode()
+    return b'{"input_ids":' + ids.json() + (b"," + rest[1:] if rest != b"{}" else b"}")
 
 
 _DONE = object()
