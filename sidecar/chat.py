@@ -24,11 +24,10 @@ from sidecar.relay import Generation
 from sidecar.request_checks import check_template_kwargs, explicit_session_id, read_json_body
 from sidecar.schema import (
     ChatCompletionRequest,
-    chunk,
+    ChunkFrames,
     completion,
     completion_id,
     parse_request,
-    usage_chunk,
     usage_dict,
 )
 from sidecar.sessions import Resolution, TurnState, extend_fingerprint
@@ -177,27 +176,28 @@ async def full_reply(request: web.Request, req: ChatCompletionRequest, gen: Gene
 async def stream_reply(request: web.Request, req: ChatCompletionRequest, gen: Generation) -> web.StreamResponse:
     """SSE exactly as OpenAI frames it; headers go out with the first event, so an engine failure
     before any output is still a plain HTTP error with its status code."""
-    model = request.app[keys.MODEL_NAME]
-    cid, created = completion_id(), int(time.time())
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    frames = ChunkFrames(completion_id(), request.app[keys.MODEL_NAME], int(time.time()), include_usage)
     response: web.StreamResponse | None = None
 
-    async def send(payload: dict[str, Any]) -> None:
+    async def send(data: bytes, last: bool = False) -> None:
         nonlocal response
         if response is None:
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await response.prepare(request)
-            await send(chunk(cid, model, created, {"role": "assistant", "content": ""}) | _usage_null(include_usage))
-        await response.write(b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n")
+            data = frames.delta({"role": "assistant", "content": ""}) + data
+        if last:
+            await response.write_eof(data)  # one write: the data and the end of the chunked body
+        else:
+            await response.write(data)
 
     try:
         async for event in gen.events():
-            await send(_event_chunk(cid, model, created, event) | _usage_null(include_usage))
-        await send(chunk(cid, model, created, {}, gen.result.finish_reason) | _usage_null(include_usage))
+            await send(frames.delta(_event_delta(event)))
+        tail = frames.delta({}, gen.result.finish_reason)
         if include_usage:
-            await send(usage_chunk(cid, model, created, _usage(gen)))
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+            tail += frames.usage(_usage(gen))
+        await send(tail + b"data: [DONE]\n\n", last=True)
     except APIError as err:
         if response is None:
             raise
@@ -226,18 +226,13 @@ async def _write_quietly(response: web.StreamResponse, data: bytes) -> None:
         pass
 
 
-def _usage_null(include_usage: bool) -> dict[str, Any]:
-    return {"usage": None} if include_usage else {}
-
-
-def _event_chunk(cid: str, model: str, created: int, event) -> dict[str, Any]:
+def _event_delta(event) -> dict[str, Any]:
     if isinstance(event, ContentDelta):
-        return chunk(cid, model, created, {"content": event.text})
+        return {"content": event.text}
     if isinstance(event, ToolCallStart):
-        call = {"index": event.index, "id": event.id, "type": "function", "function": {"name": event.name, "arguments": ""}}
-        return chunk(cid, model, created, {"tool_calls": [call]})
+        return {"tool_calls": [{"index": event.index, "id": event.id, "type": "function", "function": {"name": event.name, "arguments": ""}}]}
     if isinstance(event, ToolCallArgumentsDelta):
-        return chunk(cid, model, created, {"tool_calls": [{"index": event.index, "function": {"arguments": event.arguments}}]})
+        return {"tool_calls": [{"index": event.index, "function": {"arguments": event.arguments}}]}
     raise TypeError(f"unknown relay event {event!r}")
 
 
