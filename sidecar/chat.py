@@ -122,11 +122,16 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             req.stop,
             forced.text if forced else None,
         )
-        if req.stream:
-            response = await stream_reply(request, req, gen)
+        stream, n_messages = req.stream, len(messages)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        # The parsed history (hundreds of objects per request) is not needed while the reply
+        # streams: freed now, it is not carried through the garbage collector's generations.
+        del req, messages
+        if stream:
+            response = await stream_reply(request, include_usage, gen)
         else:
-            response = await full_reply(request, req, gen)
-        remember_turn(app, res, messages, gen, lease)
+            response = await full_reply(request, gen)
+        remember_turn(app, res, n_messages, gen, lease)
         return response
     finally:
         session.inflight -= 1
@@ -136,12 +141,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             registry.forget(session.id)  # a first request that failed leaves nothing behind
 
 
-def remember_turn(app: web.Application, res: Resolution, messages: list[dict], gen: Generation, lease: float | None) -> None:
+def remember_turn(app: web.Application, res: Resolution, n_messages: int, gen: Generation, lease: float | None) -> None:
     result = gen.result
     reply = gen.reply_message()
     reply_fp = extend_fingerprint(res.fingerprint, {**reply, "content": reply["content"] or ""})
     ids = gen.payload["input_ids"] + result.output_ids
-    state = TurnState(reply_fp, len(messages) + 1, ids, result.end_id)
+    state = TurnState(reply_fp, n_messages + 1, ids, result.end_id)
     registry = app[keys.REGISTRY]
     registry.record_turn(res.session, state)
     now = time.monotonic()
@@ -159,7 +164,7 @@ def _usage(gen: Generation) -> dict[str, Any]:
     return usage_dict(r.prompt_tokens, r.completion_tokens, r.cached_tokens)
 
 
-async def full_reply(request: web.Request, req: ChatCompletionRequest, gen: Generation) -> web.Response:
+async def full_reply(request: web.Request, gen: Generation) -> web.Response:
     try:
         async for _ in gen.events():
             pass
@@ -173,10 +178,9 @@ async def full_reply(request: web.Request, req: ChatCompletionRequest, gen: Gene
     return web.json_response(completion(completion_id(), model, message, gen.result.finish_reason, _usage(gen)))
 
 
-async def stream_reply(request: web.Request, req: ChatCompletionRequest, gen: Generation) -> web.StreamResponse:
+async def stream_reply(request: web.Request, include_usage: bool, gen: Generation) -> web.StreamResponse:
     """SSE exactly as OpenAI frames it; headers go out with the first event, so an engine failure
     before any output is still a plain HTTP error with its status code."""
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
     frames = ChunkFrames(completion_id(), request.app[keys.MODEL_NAME], int(time.time()), include_usage)
     response: web.StreamResponse | None = None
 
