@@ -22,7 +22,8 @@ Also: requests/s, errors, and the sidecar's CPU and RSS sampled every second (ps
     python -m benchmarks.load_test --sessions 500 --duration 60 --out benchmarks/results/load
 
 ``--profile FILE`` py-spies the sidecar during its phase (speedscope JSON); ``--uvloop`` runs the
-processes on uvloop; ``LOAD_TEST_SIDECAR_LAUNCH="python3 wrapper.py"`` replaces ``python -m
+double and the client on uvloop too (the sidecar itself picks uvloop when it is installed; pass
+``--sidecar-arg=--event-loop=asyncio`` to compare); ``LOAD_TEST_SIDECAR_LAUNCH="python3 wrapper.py"`` replaces ``python -m
 sidecar`` (e.g. a tracing wrapper). Loopback only; bounded in agents and time; every process is
 stopped at the end, also on Ctrl-C. Results: ``benchmarks/results/load/README.md``.
 """

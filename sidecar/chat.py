@@ -10,7 +10,6 @@ import asyncio
 import json
 import time
 import uuid
-from array import array
 from typing import Any
 
 from aiohttp import web
@@ -19,16 +18,16 @@ from sidecar import keys
 from sidecar.auth import request_scope
 from sidecar.engine_client import LEASE_PARAM
 from sidecar.errors import APIError, invalid_request
+from sidecar.id_text import IdText
 from sidecar.policy import AdmissionRejected, TurnEnd
 from sidecar.relay import Generation
 from sidecar.request_checks import check_template_kwargs, explicit_session_id, read_json_body
 from sidecar.schema import (
     ChatCompletionRequest,
-    chunk,
+    ChunkFrames,
     completion,
     completion_id,
     parse_request,
-    usage_chunk,
     usage_dict,
 )
 from sidecar.sessions import Resolution, TurnState, extend_fingerprint
@@ -59,16 +58,13 @@ def sampling_params(req: ChatCompletionRequest, settings, stop_ids: list[int], l
     return params
 
 
-def prompt_ids(app: web.Application, res: Resolution, messages: list[dict], req: ChatCompletionRequest) -> list[int]:
+def prompt_ids(app: web.Application, res: Resolution, messages: list[dict], req: ChatCompletionRequest) -> IdText:
     renderer = app[keys.RENDERER]
     tools = req.template_tools()
     kwargs = req.chat_template_kwargs
     if res.base is not None:
-        ids = list(res.base.token_ids)
-        ids += renderer.render_suffix(messages[res.new_messages_from :], res.base.end_id, tools, kwargs)
-    else:
-        ids = renderer.render_full(messages, tools, kwargs)
-    return ids
+        return res.base.token_ids + renderer.render_suffix(messages[res.new_messages_from :], res.base.end_id, tools, kwargs)
+    return IdText(renderer.render_full(messages, tools, kwargs))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -121,16 +117,21 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         gen = Generation(
             app[keys.ENGINE],
             payload,
-            renderer.tokenizer,
+            renderer.codec,
             get_tool_parser(parser_name),
             req.stop,
             forced.text if forced else None,
         )
-        if req.stream:
-            response = await stream_reply(request, req, gen)
+        stream, n_messages = req.stream, len(messages)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        # The parsed history (hundreds of objects per request) is not needed while the reply
+        # streams: freed now, it is not carried through the garbage collector's generations.
+        del req, messages
+        if stream:
+            response = await stream_reply(request, include_usage, gen)
         else:
-            response = await full_reply(request, req, gen)
-        remember_turn(app, res, messages, gen, lease)
+            response = await full_reply(request, gen)
+        remember_turn(app, res, n_messages, gen, lease)
         return response
     finally:
         session.inflight -= 1
@@ -140,13 +141,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             registry.forget(session.id)  # a first request that failed leaves nothing behind
 
 
-def remember_turn(app: web.Application, res: Resolution, messages: list[dict], gen: Generation, lease: float | None) -> None:
+def remember_turn(app: web.Application, res: Resolution, n_messages: int, gen: Generation, lease: float | None) -> None:
     result = gen.result
     reply = gen.reply_message()
     reply_fp = extend_fingerprint(res.fingerprint, {**reply, "content": reply["content"] or ""})
     ids = gen.payload["input_ids"] + result.output_ids
-    # Token ids fit in 32 bits: half the memory of 64-bit items, for histories of 100K+ tokens.
-    state = TurnState(reply_fp, len(messages) + 1, array("i", ids), result.end_id)
+    state = TurnState(reply_fp, n_messages + 1, ids, result.end_id)
     registry = app[keys.REGISTRY]
     registry.record_turn(res.session, state)
     now = time.monotonic()
@@ -164,7 +164,7 @@ def _usage(gen: Generation) -> dict[str, Any]:
     return usage_dict(r.prompt_tokens, r.completion_tokens, r.cached_tokens)
 
 
-async def full_reply(request: web.Request, req: ChatCompletionRequest, gen: Generation) -> web.Response:
+async def full_reply(request: web.Request, gen: Generation) -> web.Response:
     try:
         async for _ in gen.events():
             pass
@@ -178,30 +178,30 @@ async def full_reply(request: web.Request, req: ChatCompletionRequest, gen: Gene
     return web.json_response(completion(completion_id(), model, message, gen.result.finish_reason, _usage(gen)))
 
 
-async def stream_reply(request: web.Request, req: ChatCompletionRequest, gen: Generation) -> web.StreamResponse:
+async def stream_reply(request: web.Request, include_usage: bool, gen: Generation) -> web.StreamResponse:
     """SSE exactly as OpenAI frames it; headers go out with the first event, so an engine failure
     before any output is still a plain HTTP error with its status code."""
-    model = request.app[keys.MODEL_NAME]
-    cid, created = completion_id(), int(time.time())
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    frames = ChunkFrames(completion_id(), request.app[keys.MODEL_NAME], int(time.time()), include_usage)
     response: web.StreamResponse | None = None
 
-    async def send(payload: dict[str, Any]) -> None:
+    async def send(data: bytes, last: bool = False) -> None:
         nonlocal response
         if response is None:
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await response.prepare(request)
-            await send(chunk(cid, model, created, {"role": "assistant", "content": ""}) | _usage_null(include_usage))
-        await response.write(b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n")
+            data = frames.delta({"role": "assistant", "content": ""}) + data
+        if last:
+            await response.write_eof(data)  # one write: the data and the end of the chunked body
+        else:
+            await response.write(data)
 
     try:
         async for event in gen.events():
-            await send(_event_chunk(cid, model, created, event) | _usage_null(include_usage))
-        await send(chunk(cid, model, created, {}, gen.result.finish_reason) | _usage_null(include_usage))
+            await send(frames.delta(_event_delta(event)))
+        tail = frames.delta({}, gen.result.finish_reason)
         if include_usage:
-            await send(usage_chunk(cid, model, created, _usage(gen)))
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+            tail += frames.usage(_usage(gen))
+        await send(tail + b"data: [DONE]\n\n", last=True)
     except APIError as err:
         if response is None:
             raise
@@ -230,18 +230,13 @@ async def _write_quietly(response: web.StreamResponse, data: bytes) -> None:
         pass
 
 
-def _usage_null(include_usage: bool) -> dict[str, Any]:
-    return {"usage": None} if include_usage else {}
-
-
-def _event_chunk(cid: str, model: str, created: int, event) -> dict[str, Any]:
+def _event_delta(event) -> dict[str, Any]:
     if isinstance(event, ContentDelta):
-        return chunk(cid, model, created, {"content": event.text})
+        return {"content": event.text}
     if isinstance(event, ToolCallStart):
-        call = {"index": event.index, "id": event.id, "type": "function", "function": {"name": event.name, "arguments": ""}}
-        return chunk(cid, model, created, {"tool_calls": [call]})
+        return {"tool_calls": [{"index": event.index, "id": event.id, "type": "function", "function": {"name": event.name, "arguments": ""}}]}
     if isinstance(event, ToolCallArgumentsDelta):
-        return chunk(cid, model, created, {"tool_calls": [{"index": event.index, "function": {"arguments": event.arguments}}]})
+        return {"tool_calls": [{"index": event.index, "function": {"arguments": event.arguments}}]}
     raise TypeError(f"unknown relay event {event!r}")
 
 

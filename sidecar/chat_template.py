@@ -5,14 +5,20 @@ template would put after the previous assistant reply, up to the new generation 
 is found by rendering an anchor conversation whose assistant content is a unique marker, followed by
 the new messages, and cutting after the marker. Templates that rewrite past assistant turns (Qwen3
 strips ``<think>`` blocks from them) therefore never touch ids the engine already holds.
+
+A whole render reuses the ids of its leading system block (system prompt + tools, typically shared
+by every session of an agent) from a small cache, when that block is a verbatim prefix of the render
+ending at a clean tokenizer cut (see :meth:`TokenCodec.splits_at`).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 from sidecar.errors import invalid_request
+from sidecar.tokens import TokenCodec
 
 _MARKER = "\u2063sidecar-reply-end\u2063"
 _ANCHOR_USER = {"role": "user", "content": "."}
@@ -25,13 +31,44 @@ class ForcedPrefix:
     text: str
 
 
+class HeadCache:
+    """Bounded LRU: rendered system block text -> its exact ids (only blocks verified to cut cleanly)."""
+
+    def __init__(self, max_entries: int = 64, max_chars: int = 4_000_000):
+        self.max_entries, self.max_chars = max_entries, max_chars
+        self._entries: "OrderedDict[str, list[int] | None]" = OrderedDict()  # None: known not to cut cleanly
+        self._chars = 0
+
+    def get(self, text: str) -> tuple[bool, list[int] | None]:
+        """(known, ids); ids None for a block known not to cut cleanly."""
+        if text not in self._entries:
+            return False, None
+        self._entries.move_to_end(text)
+        return True, self._entries[text]
+
+    def put(self, text: str, ids: list[int] | None) -> None:
+        if len(text) > self.max_chars:
+            return
+        if text not in self._entries:
+            self._chars += len(text)
+        self._entries[text] = ids
+        while len(self._entries) > self.max_entries or self._chars > self.max_chars:
+            old, _ = self._entries.popitem(last=False)
+            self._chars -= len(old)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 class ChatRenderer:
     def __init__(self, tokenizer, template_kwargs: dict[str, Any] | None = None):
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("the tokenizer has no chat template")
         self.tokenizer = tokenizer
+        self.codec = TokenCodec(tokenizer)
         self.template_kwargs = dict(template_kwargs or {})
         self.eos_ids = self._eos_ids()
+        self.heads = HeadCache()
 
     def _eos_ids(self) -> list[int]:
         ids = set()
@@ -56,11 +93,47 @@ class ChatRenderer:
             raise invalid_request(f"the chat template cannot render these messages: {exc}") from None
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return self.codec.encode(text)
 
     def render_full(self, messages: list[dict], tools=None, kwargs=None) -> list[int]:
         """Ids of a whole conversation plus the generation prompt (first turn or new branch)."""
-        return self.encode(self._render(messages, tools, kwargs, add_generation_prompt=True))
+        text = self._render(messages, tools, kwargs, add_generation_prompt=True)
+        head = self._head(messages, tools, kwargs, text)
+        if head is None:
+            return self.encode(text)
+        head_text, head_ids = head
+        return head_ids + self.encode(text[len(head_text) :])
+
+    def _head(self, messages: list[dict], tools, kwargs, text: str) -> tuple[str, list[int]] | None:
+        """The leading system block of ``text`` and its ids, if it is cached (or cacheable) and
+        ``text`` can be cut right after it without changing a single id."""
+        n = 0
+        while n < len(messages) and messages[n].get("role") == "system":
+            n += 1
+        if n == 0 or n == len(messages):
+            return None
+        try:
+            head_text = self.tokenizer.apply_chat_template(
+                messages[:n], tools=tools, tokenize=False, add_generation_prompt=False,
+                **{**self.template_kwargs, **(kwargs or {})},
+            )
+        except Exception:  # noqa: BLE001 - a template may refuse a conversation without a user turn
+            return None
+        if not isinstance(head_text, str) or not text.startswith(head_text) or not self.codec.splits_at(text, len(head_text)):
+            return None
+        known, ids = self.heads.get(head_text)
+        if not known:
+            ids = self._verified_head_ids(head_text, text)
+            self.heads.put(head_text, ids)
+        return (head_text, ids) if ids is not None else None
+
+    def _verified_head_ids(self, head_text: str, text: str) -> list[int] | None:
+        """The block's ids, once checked against encoding the whole text (paid once per block)."""
+        head_ids = self.encode(head_text)
+        whole = self.encode(text)
+        if whole[: len(head_ids)] != head_ids or whole[len(head_ids) :] != self.encode(text[len(head_text) :]):
+            return None
+        return head_ids
 
     def render_suffix(
         self, new_messages: list[dict], previous_end_id: int | None, tools=None, kwargs=None
@@ -77,7 +150,7 @@ class ChatRenderer:
             raise invalid_request("the chat template does not render assistant content verbatim")
         suffix = text[cut + len(_MARKER) :]
         if previous_end_id is not None:
-            end_text = self.tokenizer.decode([previous_end_id], skip_special_tokens=False)
+            end_text = self.codec.decode([previous_end_id], skip_special_tokens=False)
             if end_text and suffix.startswith(end_text):
                 suffix = suffix[len(end_text) :]
         return self.encode(suffix)

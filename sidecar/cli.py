@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import typing
@@ -75,6 +76,7 @@ def serve(config_file: str | None, **kwargs: Any) -> None:
         app = create_app(settings, tokenizer=tokenizer)
         web.run_app(
             app,
+            loop=new_event_loop(settings.server.event_loop),
             host=settings.server.host,
             port=settings.server.port,
             handler_cancellation=True,
@@ -85,6 +87,19 @@ def serve(config_file: str | None, **kwargs: Any) -> None:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {settings.server.host}:{settings.server.port}: {exc}") from None
+
+
+def new_event_loop(kind: str) -> asyncio.AbstractEventLoop:
+    """uvloop's loop (optional dependency) when asked for or, with auto, when installed."""
+    if kind != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if kind == "uvloop":
+                raise click.ClickException("--event-loop uvloop: the uvloop package is not installed") from None
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
 
 
 @main.command("settings")

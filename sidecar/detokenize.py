@@ -41,7 +41,7 @@ class IncrementalDetokenizer:
         if not ids:
             return ""
         return self._tokenizer.decode(
-            list(ids), skip_special_tokens=self._skip_special_tokens
+            ids if isinstance(ids, list) else list(ids), skip_special_tokens=self._skip_special_tokens
         )
 
     def _pending(self) -> tuple[str, str]:

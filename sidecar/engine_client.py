@@ -18,11 +18,13 @@ import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from sidecar.errors import APIError, engine_error, engine_timeout, engine_unavailable, invalid_request
+from sidecar.id_text import IdText
 
 log = logging.getLogger("sidecar.engine")
 
 # Key under sampling_params.custom_params that carries a session lease to the sglang_ext plugin.
 LEASE_PARAM = "session_lease_ttl_s"
+_FIRST_BACKOFF_S = 0.1  # wait before the first connect retry; it doubles per retry
 
 # Failures of _open that happen before any response byte: safe to send again.
 _NOTHING_RECEIVED = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError)
@@ -46,22 +48,21 @@ class EngineClient:
         self.connect_retries = connect_retries
         # SGLang's --api-key; sent on every call (SGLang itself leaves /health and /metrics open).
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._json_headers = {**self.headers, "Content-Type": "application/json"}
 
     def _url(self, path: str) -> str:
         return f"{self.base_url}{path}"
 
     async def _open(self, method: str, path: str, **kwargs) -> aiohttp.ClientResponse:
         """Send a request, retrying connection failures; the response is open and status-checked."""
-        retrying = AsyncRetrying(
-            retry=retry_if_exception_type(_NOTHING_RECEIVED),
-            stop=stop_after_attempt(self.connect_retries + 1),
-            wait=wait_exponential(multiplier=0.1, max=2.0),
-            reraise=True,
-        )
+        kwargs.setdefault("headers", self.headers)
         try:
-            async for attempt in retrying:
-                with attempt:
-                    resp = await self.http.request(method, self._url(path), headers=self.headers, **kwargs)
+            try:  # the common case pays nothing for the retry machinery
+                resp = await self.http.request(method, self._url(path), **kwargs)
+            except _NOTHING_RECEIVED:
+                if self.connect_retries <= 0:
+                    raise
+                resp = await self._retry_connect(method, path, **kwargs)
         except aiohttp.ClientConnectorError as exc:
             raise engine_unavailable(f"SGLang is not reachable at {self.base_url}: {exc}") from None
         except aiohttp.ServerDisconnectedError as exc:
@@ -74,6 +75,21 @@ class EngineClient:
             body = await resp.text()
             resp.release()
             raise _map_status(resp.status, body)
+        return resp
+
+    async def _retry_connect(self, method: str, path: str, **kwargs) -> aiohttp.ClientResponse:
+        """The ``connect_retries`` retries after a first attempt that received nothing (no connect, or
+        a connection the server hung up on): backoff 0.1 s, 0.2 s, 0.4 s, ... (max 2 s)."""
+        await asyncio.sleep(_FIRST_BACKOFF_S)
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(_NOTHING_RECEIVED),
+            stop=stop_after_attempt(self.connect_retries),
+            wait=wait_exponential(multiplier=2 * _FIRST_BACKOFF_S, max=2.0),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                resp = await self.http.request(method, self._url(path), **kwargs)
         return resp
 
     async def get_json(self, path: str, timeout: float = 10.0) -> Any:
@@ -98,25 +114,29 @@ class EngineClient:
         On a timeout the request is also aborted in SGLang, so the engine stops working for an
         answer nobody waits for.
         """
-        body = {**payload, "stream": True}
+        body = _json_body({**payload, "stream": True})
         timeout = aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=self.connect_timeout)
         try:
-            resp = await self._open("POST", "/generate", json=body, timeout=timeout)
+            resp = await self._open("POST", "/generate", data=body, timeout=timeout, headers=self._json_headers)
         except APIError as err:
             if err.code == "engine_timeout" and payload.get("rid"):
                 asyncio.ensure_future(self.abort(payload["rid"]))
             raise
         try:
-            async for line in resp.content:
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
+            splitter = _LineSplitter()
+            async for chunk in resp.content.iter_any():
+                for line in splitter.feed(chunk):
+                    event = _event(line)
+                    if event is _DONE:
+                        return
+                    if event is not None:
+                        yield event
+            for line in splitter.flush():
+                event = _event(line)
+                if event is _DONE:
                     return
-                event = json.loads(data)
-                if isinstance(event, dict) and "error" in event:
-                    raise _map_stream_error(event["error"])
-                yield event
+                if event is not None:
+                    yield event
         except asyncio.TimeoutError:
             if payload.get("rid"):
                 asyncio.ensure_future(self.abort(payload["rid"]))
@@ -156,6 +176,57 @@ class EngineClient:
             return None
         async with resp:
             return await resp.text() if resp.status == 200 else None
+
+
+def _json_body(payload: dict[str, Any]) -> bytes:
+    """The payload as JSON; ``input_ids`` held as IdText is spliced in as it is (see id_text)."""
+    ids = payload.get("input_ids")
+    if not isinstance(ids, IdText):
+        return json.dumps(payload).encode()
+    rest = json.dumps({k: v for k, v in payload.items() if k != "input_ids"}).encode()
+    return b'{"input_ids":' + ids.json() + (b"," + rest[1:] if rest != b"{}" else b"}")
+
+
+_DONE = object()
+
+
+def _event(line: bytes) -> Any:
+    """One SSE line: the decoded event, _DONE, or None (not a data line)."""
+    if not line.startswith(b"data:"):
+        return None
+    data = line[5:].strip()
+    if data == b"[DONE]":
+        return _DONE
+    event = json.loads(data)
+    if isinstance(event, dict) and "error" in event:
+        raise _map_stream_error(event["error"])
+    return event
+
+
+class _LineSplitter:
+    """Lines out of network chunks (a line may span chunks). Reading a chunk at a time costs one
+    wake-up per chunk SGLang sends instead of one per line."""
+
+    def __init__(self) -> None:
+        self._partial: list[bytes] = []
+
+    def feed(self, data: bytes) -> list[bytes]:
+        if b"\n" not in data:
+            self._partial.append(data)
+            return []
+        if self._partial:
+            self._partial.append(data)
+            data, self._partial = b"".join(self._partial), []
+        lines = data.split(b"\n")
+        tail = lines.pop()
+        if tail:
+            self._partial.append(tail)
+        return lines
+
+    def flush(self) -> list[bytes]:
+        """The last line, if the stream ended without its newline."""
+        rest, self._partial = b"".join(self._partial), []
+        return [rest] if rest else []
 
 
 def _error_message(body: str) -> str:

@@ -224,6 +224,41 @@ def chunk(cid: str, model: str, created: int, delta: dict[str, Any], finish_reas
     }
 
 
+class ChunkFrames:
+    """SSE frames of one streamed completion, byte for byte ``data: <json.dumps(chunk(...))>``.
+
+    A stream sends a chunk per token; the part every chunk shares (id, model, ...) is serialized
+    once here, so a frame costs only the JSON of its delta.
+    """
+
+    _DELTA, _FINISH = "\x00delta\x00", "\x00finish\x00"  # placeholders: JSON escapes NUL, no real value has it
+
+    def __init__(self, cid: str, model: str, created: int, include_usage: bool):
+        self._usage = {"usage": None} if include_usage else {}
+        self._chunk_args = (cid, model, created)
+        text = json.dumps(chunk(cid, model, created, self._DELTA, self._FINISH) | self._usage, ensure_ascii=False)  # type: ignore[arg-type]
+        delta, finish = json.dumps(self._DELTA), json.dumps(self._FINISH)
+        self._parts: tuple[bytes, bytes, bytes] | None = None
+        if text.count(delta) == 1 and text.count(finish) == 1 and text.index(delta) < text.index(finish):
+            head, rest = text.split(delta)
+            middle, tail = rest.split(finish)
+            self._parts = (b"data: " + head.encode(), middle.encode(), tail.encode() + b"\n\n")
+
+    def delta(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        if self._parts is None:  # a model name holding a placeholder: serialize whole
+            return sse_frame(chunk(*self._chunk_args, delta, finish_reason) | self._usage)
+        head, middle, tail = self._parts
+        finish = b"null" if finish_reason is None else json.dumps(finish_reason, ensure_ascii=False).encode()
+        return head + json.dumps(delta, ensure_ascii=False).encode() + middle + finish + tail
+
+    def usage(self, usage: dict[str, Any]) -> bytes:
+        return sse_frame(usage_chunk(*self._chunk_args, usage))
+
+
+def sse_frame(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+
 def usage_chunk(cid: str, model: str, created: int, usage: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": cid,

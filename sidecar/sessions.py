@@ -18,10 +18,11 @@ import hashlib
 import json
 import time
 import uuid
-from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
+
+from sidecar.id_text import IdText
 
 MAX_TURN_STATES_PER_SESSION = 16  # enough for retries and edits of recent turns
 
@@ -74,7 +75,7 @@ class TurnState:
 
     fingerprint: bytes
     n_messages: int  # messages covered, the reply included
-    token_ids: array  # prompt ids + generated ids
+    token_ids: IdText  # prompt ids + generated ids
     end_id: int | None  # stop token that ended the reply (None: cut by length or stop string)
 
 

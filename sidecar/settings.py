@@ -73,6 +73,11 @@ class ServerSettings(BaseModel):
         60.0, ge=0, description="Seconds past its lease an idle session is kept before it is closed."
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    event_loop: Literal["auto", "asyncio", "uvloop"] = Field(
+        "auto",
+        description="Event loop: uvloop (optional package, less CPU per request), asyncio, or auto "
+        "(uvloop when it is installed).",
+    )
     api_key: str | None = Field(
         None,
         description="Key agents must send as 'Authorization: Bearer KEY'. Unset (and no --api-keys-file): no auth. "

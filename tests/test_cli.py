@@ -63,3 +63,23 @@ def test_unloadable_tokenizer_is_one_clear_message(tmp_path):
 def test_flag_values_are_validated(tmp_path):
     result = CliRunner().invoke(main, ["serve", "--port", "70000"])
     assert result.exit_code != 0 and "port" in result.output
+
+
+def test_event_loop_choice(monkeypatch):
+    import asyncio
+    import sys
+
+    import click
+    import pytest
+
+    from sidecar.cli import new_event_loop
+
+    loop = new_event_loop("asyncio")
+    assert type(loop).__module__.startswith("asyncio")
+    loop.close()
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as if it were not installed
+    loop = new_event_loop("auto")
+    assert isinstance(loop, asyncio.AbstractEventLoop) and type(loop).__module__.startswith("asyncio")
+    loop.close()
+    with pytest.raises(click.ClickException, match="uvloop"):
+        new_event_loop("uvloop")

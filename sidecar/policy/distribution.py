@@ -98,7 +98,7 @@ class GapDistribution:
 
     def quantile(self, q: float, elapsed: float = 0.0) -> float:
         """Smallest t with P(back within t | elapsed) >= q; inf if the horizon holds less than q."""
-        f_a = self.cdf(elapsed)
+        f_a = self.cdf(elapsed) if elapsed > 0 else 0.0  # cdf(t <= 0) is 0; skips a numpy round trip
         target = f_a + q * (1.0 - f_a)
         cdf = self._cdf_at_edges
         if target > cdf[-1] + 1e-12:

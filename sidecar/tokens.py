@@ -1,0 +1,89 @@
+"""Exact, cheap tokenizer calls: encode and decode straight on the Rust backend, and where a text
+may be cut so that its two halves tokenize independently.
+
+transformers' ``encode``/``decode`` wrap the ``tokenizers`` backend in ~10-20 us of Python per call
+(argument handling, a batch of one, BatchEncoding); the relay decodes twice per streamed chunk. The
+backend is called directly only when that provably gives the same ids and text (a plain fast
+tokenizer, no cleanup of spaces, no truncation or padding configured); otherwise every call goes
+through transformers unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+try:  # transformers 5 (TokenizersBackend) and 4 (PreTrainedTokenizerFast)
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend as _FastBase
+except ImportError:  # pragma: no cover - older transformers
+    from transformers import PreTrainedTokenizerFast as _FastBase
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+
+def _not_overridden(cls: type, name: str, base: type) -> bool:
+    return getattr(cls, name, None) is getattr(base, name, None)
+
+
+class TokenCodec:
+    """``encode(text)`` / ``decode(ids, skip_special_tokens)`` with transformers' exact results."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None) if isinstance(tokenizer, _FastBase) else None
+        cls = type(tokenizer)
+        plain = backend is not None and all(
+            _not_overridden(cls, name, base)
+            for name, base in (("encode", PreTrainedTokenizerBase), ("decode", PreTrainedTokenizerBase),
+                               ("_encode_plus", _FastBase), ("_decode", _FastBase))
+        )
+        self._backend = backend if plain else None
+        self._decode_exact = plain and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        # Tokens the backend splits out before anything else; a cut next to one is a clean cut.
+        self._added: list[str] = []
+        self._boundary: tuple[str, ...] = ()
+        if self._backend is not None and not getattr(tokenizer, "split_special_tokens", False):
+            added = list(self._backend.get_added_tokens_decoder().values())
+            self._added = [t.content for t in added if t.content]
+            self._boundary = tuple(
+                t.content for t in added if t.content and not (t.normalized or t.lstrip or t.rstrip or t.single_word)
+            )
+            if self._boundary and not self._cuts_cleanly(self._boundary[0]):
+                self._boundary = ()  # e.g. a normalizer or pre-tokenizer that treats the start specially
+
+    def _backend_ready(self) -> bool:
+        """The backend encodes as transformers' untruncated, unpadded call would."""
+        b = self._backend
+        return b is not None and b.truncation is None and b.padding is None and not b.encode_special_tokens
+
+    def encode(self, text: str) -> list[int]:
+        if self._backend_ready():
+            return self._backend.encode(text, add_special_tokens=False).ids
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        if self._decode_exact:
+            return self._backend.decode(ids if isinstance(ids, list) else list(ids), skip_special_tokens=skip_special_tokens)
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def _cuts_cleanly(self, token: str) -> bool:
+        """Probe: pieces on either side of ``token`` encode the same alone as together."""
+        left, right = "Hello world.\n", "\n  Second line, with spaces"
+        whole = self.encode(left + token + right)
+        return whole == self.encode(left) + self.encode(token + right) == self.encode(left + token) + self.encode(right)
+
+    def splits_at(self, text: str, pos: int) -> bool:
+        """True if ``encode(text) == encode(text[:pos]) + encode(text[pos:])`` is guaranteed.
+
+        The backend first splits the text at added tokens (``<|im_start|>``, ...), then normalizes
+        and pre-tokenizes each piece on its own. So a cut right before or after an added token that
+        matches verbatim (not normalized, strips no neighbouring spaces) separates independent
+        pieces, provided no added token occurs across the cut (it could win the match instead).
+        """
+        if not self._boundary or not 0 < pos < len(text):
+            return False
+        if not (text.startswith(self._boundary, pos) or text.endswith(self._boundary, 0, pos)):
+            return False
+        for content in self._added:
+            n = len(content)
+            if n > 1 and content in text[max(0, pos - n + 1) : pos + n - 1]:
+                return False
+        return True
