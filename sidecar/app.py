@@ -221,7 +221,8 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def sessions(request: web.Request) -> web.Response:
-    data = [s.describe() for s in request.app[keys.REGISTRY].all(request_scope(request))]
+    policy = request.app[keys.POLICY]
+    data = [s.describe(policy.lease_expiry(s.id)) for s in request.app[keys.REGISTRY].all(request_scope(request))]
     return web.json_response({"object": "list", "data": data})
 
 

@@ -131,7 +131,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             response = await stream_reply(request, include_usage, gen)
         else:
             response = await full_reply(request, gen)
-        remember_turn(app, res, n_messages, gen, lease)
+        remember_turn(app, res, n_messages, gen)
         return response
     finally:
         session.inflight -= 1
@@ -141,7 +141,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             registry.forget(session.id)  # a first request that failed leaves nothing behind
 
 
-def remember_turn(app: web.Application, res: Resolution, n_messages: int, gen: Generation, lease: float | None) -> None:
+def remember_turn(app: web.Application, res: Resolution, n_messages: int, gen: Generation) -> None:
     result = gen.result
     reply = gen.reply_message()
     reply_fp = extend_fingerprint(res.fingerprint, {**reply, "content": reply["content"] or ""})
@@ -150,7 +150,6 @@ def remember_turn(app: web.Application, res: Resolution, n_messages: int, gen: G
     registry = app[keys.REGISTRY]
     registry.record_turn(res.session, state)
     now = time.monotonic()
-    res.session.lease_until = now + lease if lease else None
     tool_names = [c.name for c in result.tool_calls]
     app[keys.POLICY].on_turn_end(TurnEnd(res.session.id, len(ids), tool_names, now))
     metrics = app[keys.METRICS]

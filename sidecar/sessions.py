@@ -90,32 +90,31 @@ class Session:
     inflight: int = 0
     context_tokens: int = 0
     turn_count: int = 0
-    lease_until: float | None = None
 
     @property
     def public_id(self) -> str:
         """The id as its client knows it (the scope prefix removed)."""
         return self.id[len(self.scope) + 1 :] if self.scope else self.id
 
-    @property
-    def state(self) -> str:
+    def state(self, lease_until: float | None, now: float) -> str:
         if self.inflight:
             return "generating"
-        if self.lease_until is not None and self.lease_until > time.monotonic():
+        if lease_until is not None and lease_until > now:
             return "leased"
         return "idle"
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self, lease_until: float | None) -> dict[str, Any]:
+        """The /v1/sessions entry; ``lease_until`` comes from the policy, which owns the lease."""
         now = time.monotonic()
         return {
             "id": self.public_id,
             "explicit": self.explicit,
-            "state": self.state,
+            "state": self.state(lease_until, now),
             "tokens": self.context_tokens,
             "turns": self.turn_count,
             "branches": len(self.turns),
             "idle_s": round(now - self.last_active, 3),
-            "lease_remaining_s": round(max(0.0, self.lease_until - now), 3) if self.lease_until else None,
+            "lease_remaining_s": round(max(0.0, lease_until - now), 3) if lease_until else None,
             **({"scope": self.scope} if self.scope else {}),  # with auth: which key's (a hash, never the key)
         }
 

@@ -47,6 +47,9 @@ class SessionPolicy(Protocol):
     def on_turn_end(self, turn: TurnEnd) -> None:
         """A turn finished; the gap until the session's next request starts now."""
 
+    def lease_expiry(self, session_id: str) -> float | None:
+        """When SGLang's lease on the session's KV ends (time.monotonic clock); None = no lease."""
+
     def sessions_to_close(self, now: float) -> list[str]:
         """Idle sessions to close in SGLang now; each is reported once. Call periodically."""
 
@@ -70,6 +73,9 @@ class NullPolicy:
         return None
 
     def on_turn_end(self, turn: TurnEnd) -> None:
+        return None
+
+    def lease_expiry(self, session_id: str) -> float | None:
         return None
 
     def sessions_to_close(self, now: float) -> list[str]:

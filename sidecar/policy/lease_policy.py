@@ -154,6 +154,11 @@ class LeasePolicy:
             self.metrics.lease_granted(ttl)
         return ttl
 
+    def lease_expiry(self, session_id: str) -> float | None:
+        """When SGLang's lease on the session's KV ends (the policy's clock); None = no lease."""
+        state = self.table.get(session_id)
+        return state.lease_expires_at if state is not None else None
+
     def on_turn_end(self, turn: TurnEnd) -> None:
         """The reply ended: the lease sent with the request starts, and so does the gap."""
         now = turn.finished_at
@@ -234,7 +239,8 @@ class LeasePolicy:
             held = state.context_tokens * max(0.0, min(now, expires) - state.turn_ended_at)
             self.metrics.lease_outcome("hit" if now <= expires else "miss", held)
         state.turn_ended_at = None
-        state.lease_expires_at = None
+        # lease_expires_at stays: SGLang holds the lease while this request waits and, should the
+        # request be aborted, it runs on to its expiry; the turn's end replaces it
         state.predicted_gap_s = None
 
     def _forget(self, state: SessionState, now: float, reason: str) -> None:
