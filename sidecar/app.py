@@ -90,6 +90,7 @@ def _engine_context(preloaded_tokenizer):
         settings = app[keys.SETTINGS].server
         http = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=settings.engine_keepalive),
+            cookie_jar=aiohttp.DummyCookieJar(),  # SGLang sets no cookies; skip matching them per request
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout),
         )
         engine = EngineClient(

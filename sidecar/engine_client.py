@@ -15,6 +15,7 @@ import logging
 from typing import Any, AsyncIterator
 
 import aiohttp
+from yarl import URL
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from sidecar.errors import APIError, engine_error, engine_timeout, engine_unavailable, invalid_request
@@ -42,6 +43,7 @@ class EngineClient:
         api_key: str | None = None,
     ):
         self.base_url = base_url.rstrip("/")
+        self._urls: dict[str, URL] = {}
         self.http = session
         self.request_timeout = request_timeout
         self.connect_timeout = connect_timeout
@@ -50,8 +52,12 @@ class EngineClient:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._json_headers = {**self.headers, "Content-Type": "application/json"}
 
-    def _url(self, path: str) -> str:
-        return f"{self.base_url}{path}"
+    def _url(self, path: str) -> URL:
+        """Parsed once per path: yarl parsing a URL string on every request is measurable per turn."""
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = URL(f"{self.base_url}{path}")
+        return url
 
     async def _open(self, method: str, path: str, **kwargs) -> aiohttp.ClientResponse:
         """Send a request, retrying connection failures; the response is open and status-checked."""
