@@ -303,7 +303,11 @@ class LeasePolicy:
         capacity = self.capacity.max_total_num_tokens
         if capacity <= 0 or self.settings.kv_pressure_gain == 0 or self.settings.mode != "predictive":
             return 0.0
-        return min(self._resident_summary(now)[0] / capacity, 1.0)
+        # tokens only: the gate's duty-cycle projections (a predictor distribution per idle
+        # session) are not needed for the pressure term, and this runs on every request
+        tokens = sum(s.context_tokens for s in self.table.resident(now))
+        return min(tokens / capacity, 1.0)
+
 
 def _ewma(mean: float | None, value: float) -> float:
     return value if mean is None else mean + GROWTH_LEARNING_RATE * (value - mean)
