@@ -8,7 +8,11 @@ from drifting apart. No sglang import, so the double stays sglang-free.
 
 from __future__ import annotations
 
-from typing import Protocol
+import asyncio
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -50,3 +54,22 @@ def sglang_app(routes: SGLangRoutes) -> web.Application:
     app.router.add_get("/v1/models", routes.handle_models)
     app.router.add_get("/metrics", routes.handle_metrics)
     return app
+
+
+@contextlib.contextmanager
+def serve_in_thread(server: Any, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0,
+                    name: str = "sglang-stand-in") -> Iterator[str]:
+    """Serve a stand-in (``await server.start(host, port) -> url``, ``await server.stop()``) from a
+    background thread with its own event loop; yields its URL. For synchronous callers (the official
+    ``openai`` client, tests, notebooks); touch the server only from that thread while it runs."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name=name, daemon=True)
+    thread.start()
+    try:
+        yield asyncio.run_coroutine_threadsafe(server.start(host, port), loop).result(timeout)
+    finally:
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(server.stop(), loop).result(timeout)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout)
+        loop.close()

@@ -32,7 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from simulator.engine import SimEngine, SimRequest
-from simulator.http_contract import sglang_app
+from simulator.http_contract import serve_in_thread, sglang_app
 
 log = logging.getLogger(__name__)
 
@@ -389,21 +389,6 @@ def serve(engine: SimEngine, host: str, port: int, **kwargs: Any) -> None:
                 print=lambda msg: log.warning("%s", msg))
 
 
-@contextlib.contextmanager
 def run_in_thread(server: SimServer, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0):
-    """Serve ``server`` from a background thread with its own event loop; yields its URL
-    (tests, notebooks). The engine must only be touched from that thread while it runs."""
-    import threading
-
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="sim-sglang", daemon=True)
-    thread.start()
-    try:
-        url = asyncio.run_coroutine_threadsafe(server.start(host, port), loop).result(timeout)
-        yield url
-    finally:
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(server.stop(), loop).result(timeout)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout)
-        loop.close()
+    """Serve ``server`` from a background thread (see ``http_contract.serve_in_thread``); yields its URL."""
+    return serve_in_thread(server, host, port, timeout, name="sim-sglang")

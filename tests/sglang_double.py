@@ -54,7 +54,7 @@ from typing import Any, Awaitable, Callable, Iterator, Optional, Union
 
 from aiohttp import web
 
-from simulator.http_contract import sglang_app
+from simulator.http_contract import serve_in_thread, sglang_app
 
 SGLANG_VERSION = "0.5.23"
 
@@ -1056,23 +1056,10 @@ async def _sleep_or_abort(running: _Running, delay: float) -> None:
 # --------------------------------------------------------------------------- thread helper
 
 
-@contextlib.contextmanager
 def run_in_thread(double: SGLangDouble, host: str = "127.0.0.1", port: int = 0, timeout: float = 10.0):
-    """Serve ``double`` from a background thread with its own event loop.
+    """Serve ``double`` from a background thread with its own event loop; yields the URL.
 
-    Yields the URL. For synchronous tests (e.g. the official ``openai``
-    client). Use ``double.call_threadsafe(double.restart())`` to drive async
-    methods from the test thread.
+    For synchronous tests (e.g. the official ``openai`` client). Use
+    ``double.call_threadsafe(double.restart())`` to drive async methods from the test thread.
     """
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="sglang-double", daemon=True)
-    thread.start()
-    try:
-        url = asyncio.run_coroutine_threadsafe(double.start(host, port), loop).result(timeout)
-        yield url
-    finally:
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(double.stop(), loop).result(timeout)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout)
-        loop.close()
+    return serve_in_thread(double, host, port, timeout, name="sglang-double")
