@@ -52,21 +52,21 @@ def read_gap_trace(path: str | Path) -> list[GapRecord]:
         text = path.read_text()
     except OSError as exc:
         raise GapTraceError(f"cannot read trace {path}: {exc}") from None
-    rows = []
-    if path.suffix.lower() != ".csv":
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise GapTraceError(f"{path}:{lineno}: not JSON: {exc}") from None
-            if not isinstance(row, dict):
-                raise GapTraceError(f"{path}:{lineno}: expected an object")
-            rows.append((lineno, row))
-    if rows and "gap_s" in rows[0][1]:
-        return with_timeline([_gap_record(row, path, lineno) for lineno, row in rows])
-    return with_timeline(trace_to_gaps(_read_replay_trace(path)))
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    gap_jsonl = path.suffix.lower() != ".csv" and bool(lines) and "gap_s" in _json_object(lines[0][1], path, lines[0][0])
+    if not gap_jsonl:  # the first record tells the format; the rest is parsed once, by its reader
+        return with_timeline(trace_to_gaps(_read_replay_trace(path)))
+    return with_timeline([_gap_record(_json_object(line, path, n), path, n) for n, line in lines])
+
+
+def _json_object(line: str, path: Path, lineno: int) -> dict:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise GapTraceError(f"{path}:{lineno}: not JSON: {exc}") from None
+    if not isinstance(row, dict):
+        raise GapTraceError(f"{path}:{lineno}: expected an object")
+    return row
 
 
 def _read_replay_trace(path: Path):
