@@ -8,7 +8,6 @@ tokenizer and chat template, and builds the policy. A background task closes ses
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 from typing import Any, AsyncIterator
@@ -30,8 +29,6 @@ from sidecar.sessions import SessionRegistry, scoped_id
 from sidecar.settings import SidecarSettings
 
 log = logging.getLogger("sidecar")
-
-FULL_GC_AFTER_GEN1_PASSES = 100  # CPython's default is 10
 
 
 class StartupError(Exception):
@@ -112,15 +109,6 @@ def _engine_context(preloaded_tokenizer):
                     )
                 tokenizer = await asyncio.get_running_loop().run_in_executor(None, load_tokenizer, path)
             configure(app, engine, tokenizer, info or {})
-            # transformers (and the torch it imports) leave ~400k long-lived objects; each full GC
-            # pass over them stalled every stream for ~200 ms. Freeze them out of the collector.
-            gc.collect()
-            gc.freeze()
-            # A full pass still walks every live session and connection (~100k objects at 500
-            # sessions: 60-90 ms under load, a stall for every stream) and, in load tests, never
-            # found anything to free: request garbage dies young. So run it 10x less often.
-            gen0, gen1, _ = gc.get_threshold()
-            gc.set_threshold(gen0, gen1, FULL_GC_AFTER_GEN1_PASSES)
         except BaseException:
             await http.close()
             raise
