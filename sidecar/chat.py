@@ -10,7 +10,7 @@ import asyncio
 import json
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -21,13 +21,12 @@ from sidecar.errors import APIError, invalid_request
 from sidecar.id_text import IdText
 from sidecar.policy import AdmissionRejected, TurnEnd
 from sidecar.relay import Generation
-from sidecar.request_checks import check_template_kwargs, explicit_session_id, read_json_body
+from sidecar.request_checks import check_template_kwargs, explicit_session_id, parse_chat_request, read_body
 from sidecar.schema import (
     ChatCompletionRequest,
     ChunkFrames,
     completion,
     completion_id,
-    parse_request,
     usage_dict,
 )
 from sidecar.sessions import Resolution, TurnState, extend_fingerprint
@@ -70,7 +69,7 @@ def prompt_ids(app: web.Application, res: Resolution, messages: list[dict], req:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     app = request.app
     settings = app[keys.SETTINGS]
-    req = parse_request(await read_json_body(request))
+    req = parse_chat_request(await read_body(request))
     if len(req.messages) > settings.server.max_messages:
         raise invalid_request(f"too many messages ({len(req.messages)} > {settings.server.max_messages})", param="messages")
     check_template_kwargs(req.chat_template_kwargs, app[keys.RENDERER].tokenizer)
@@ -125,11 +124,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         stream, n_messages = req.stream, len(messages)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         # The parsed history (hundreds of objects per request) is not needed while the reply
-        # streams: freed now, it is not carried through the garbage collector's generations.
+        # streams, so it is not carried through the garbage collector's generations. It is freed
+        # once the reply started: freeing it takes longer than sending the request to SGLang.
+        parsed: list[Any] = [req, messages]
         del req, messages
         if stream:
-            response = await stream_reply(request, include_usage, gen)
+            response = await stream_reply(request, include_usage, gen, started=parsed.clear)
         else:
+            parsed.clear()
             response = await full_reply(request, gen)
         remember_turn(app, res, n_messages, gen)
         return response
@@ -177,15 +179,19 @@ async def full_reply(request: web.Request, gen: Generation) -> web.Response:
     return web.json_response(completion(completion_id(), model, message, gen.result.finish_reason, _usage(gen)))
 
 
-async def stream_reply(request: web.Request, include_usage: bool, gen: Generation) -> web.StreamResponse:
+async def stream_reply(
+    request: web.Request, include_usage: bool, gen: Generation, started: Callable[[], None] | None = None
+) -> web.StreamResponse:
     """SSE exactly as OpenAI frames it; headers go out with the first event, so an engine failure
-    before any output is still a plain HTTP error with its status code."""
+    before any output is still a plain HTTP error with its status code. ``started`` is called
+    once that first event was written."""
     frames = ChunkFrames(completion_id(), request.app[keys.MODEL_NAME], int(time.time()), include_usage)
     response: web.StreamResponse | None = None
 
     async def send(data: bytes, last: bool = False) -> None:
         nonlocal response
-        if response is None:
+        first = response is None
+        if first:
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await response.prepare(request)
             data = frames.delta({"role": "assistant", "content": ""}) + data
@@ -193,6 +199,8 @@ async def stream_reply(request: web.Request, include_usage: bool, gen: Generatio
             await response.write_eof(data)  # one write: the data and the end of the chunked body
         else:
             await response.write(data)
+        if first and started is not None:
+            started()
 
     try:
         async for event in gen.events():

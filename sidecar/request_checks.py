@@ -16,7 +16,9 @@ from aiohttp import web
 
 from sidecar import keys
 from sidecar.errors import APIError, invalid_request
-from sidecar.schema import ChatCompletionRequest
+from pydantic import ValidationError
+
+from sidecar.schema import ChatCompletionRequest, invalid_from
 
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9._:@\-]{1,128}$")
 # A \uD800-\uDFFF escape without its pair: JSON allows it, UTF-8 (and so the tokenizer) does not.
@@ -25,13 +27,19 @@ _LONE_SURROGATE = re.compile(
 )
 
 
-async def read_json_body(request: web.Request) -> Any:
+async def read_body(request: web.Request) -> bytes:
+    """The raw body, within the configured size (413 beyond it)."""
     if request.content_length is not None and request.content_length > request.app[keys.SETTINGS].server.max_body_bytes:
         raise APIError(413, "request body too large", code="body_too_large")
     try:
-        raw = await request.read()
+        return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise APIError(413, "request body too large", code="body_too_large") from None
+
+
+async def read_json_body(request: web.Request) -> Any:
+    """The body decoded as JSON (any JSON value); 400 for malformed JSON or unpaired surrogates."""
+    raw = await read_body(request)
     try:
         body = json.loads(raw)
     except RecursionError:
@@ -46,6 +54,23 @@ async def read_json_body(request: web.Request) -> Any:
         except UnicodeEncodeError:
             raise invalid_request("request body holds an unpaired surrogate escape (not valid Unicode)") from None
     return body
+
+
+def parse_chat_request(raw: bytes) -> ChatCompletionRequest:
+    """Parse and validate the raw body in one pass: pydantic-core's JSON parser builds the model
+    directly, without the intermediate dicts of ``json.loads``. It rejects malformed JSON, nesting
+    past its recursion limit and unpaired surrogate escapes itself; each becomes one 400."""
+    try:
+        return ChatCompletionRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        if err["type"] == "json_invalid":
+            if (b"\\ud" in raw or b"\\uD" in raw) and _LONE_SURROGATE.search(raw):
+                raise invalid_request("request body holds an unpaired surrogate escape (not valid Unicode)") from None
+            raise invalid_request(f"request body is not valid JSON: {err['msg'].removeprefix('Invalid JSON: ')}") from None
+        if err["type"] == "model_type" and not err["loc"]:
+            raise invalid_request("request body must be a JSON object") from None
+        raise invalid_from(exc) from None
 
 
 def explicit_session_id(request: web.Request, req: ChatCompletionRequest) -> str | None:

@@ -192,10 +192,15 @@ def parse_request(body: Any) -> ChatCompletionRequest:
     try:
         return ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        raise invalid_request(f"{loc}: {msg}" if loc else msg, param=loc or None) from None
+        raise invalid_from(exc) from None
+
+
+def invalid_from(exc: ValidationError) -> APIError:
+    """The first validation problem as one OpenAI-style 400."""
+    err = exc.errors(include_url=False)[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
+    return invalid_request(f"{loc}: {msg}" if loc else msg, param=loc or None)
 
 
 def completion_id() -> str:
@@ -224,6 +229,10 @@ def chunk(cid: str, model: str, created: int, delta: dict[str, Any], finish_reas
     }
 
 
+# json.dumps(x, ensure_ascii=False) builds a new encoder per call; a frame per token pays that
+_UNICODE_JSON = json.JSONEncoder(ensure_ascii=False)
+
+
 class ChunkFrames:
     """SSE frames of one streamed completion, byte for byte ``data: <json.dumps(chunk(...))>``.
 
@@ -248,15 +257,15 @@ class ChunkFrames:
         if self._parts is None:  # a model name holding a placeholder: serialize whole
             return sse_frame(chunk(*self._chunk_args, delta, finish_reason) | self._usage)
         head, middle, tail = self._parts
-        finish = b"null" if finish_reason is None else json.dumps(finish_reason, ensure_ascii=False).encode()
-        return head + json.dumps(delta, ensure_ascii=False).encode() + middle + finish + tail
+        finish = b"null" if finish_reason is None else _UNICODE_JSON.encode(finish_reason).encode()
+        return head + _UNICODE_JSON.encode(delta).encode() + middle + finish + tail
 
     def usage(self, usage: dict[str, Any]) -> bytes:
         return sse_frame(usage_chunk(*self._chunk_args, usage))
 
 
 def sse_frame(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+    return b"data: " + _UNICODE_JSON.encode(payload).encode() + b"\n\n"
 
 
 def usage_chunk(cid: str, model: str, created: int, usage: dict[str, Any]) -> dict[str, Any]:

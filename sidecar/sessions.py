@@ -32,18 +32,13 @@ def scoped_id(scope: str, client_id: str) -> str:
     return f"{scope}:{client_id}" if scope else client_id
 
 
-def _canonical(message: dict[str, Any]) -> bytes:
-    """A message reduced to what the model saw: role, text, tool calls (name + parsed arguments).
+_SORTED_JSON = json.JSONEncoder(sort_keys=True, ensure_ascii=False)
 
-    Assistant text is compared stripped and tool-call ids are ignored, because agent frameworks
-    re-serialize the replies they got back.
-    """
-    role = message.get("role")
-    content = message.get("content") or ""
-    if role == "assistant":
-        content = content.strip()
+
+def _canonical_calls(message: dict[str, Any]) -> str:
+    """Tool calls as the model saw them: [name, parsed arguments] each, keys sorted ("" if none)."""
     calls = []
-    for call in message.get("tool_calls") or []:
+    for call in message.get("tool_calls") or ():
         fn = call.get("function", {})
         args = fn.get("arguments")
         if isinstance(args, str):
@@ -52,21 +47,38 @@ def _canonical(message: dict[str, Any]) -> bytes:
             except ValueError:
                 pass
         calls.append([fn.get("name"), args])
-    extra = [message.get("name"), message.get("tool_call_id")] if role == "tool" else [message.get("name")]
-    return json.dumps([role, content, calls, extra], sort_keys=True, ensure_ascii=False).encode()
+    return _SORTED_JSON.encode(calls) if calls else ""
+
+
+def extend_fingerprint(previous: bytes, message: dict[str, Any]) -> bytes:
+    """The digest of ``previous`` followed by a message reduced to what the model saw: role, text,
+    tool calls (name + parsed arguments), name and tool_call_id.
+
+    Assistant text is compared stripped and tool-call ids are ignored, because agent frameworks
+    re-serialize the replies they got back. The small fields go first, separated by NUL (``repr``
+    and JSON never emit a raw NUL) and followed by the text's length, then the text itself: the
+    encoding is unambiguous without escaping or copying the text, which is most of the bytes.
+    """
+    role = message.get("role")
+    content = message.get("content") or ""
+    if role == "assistant":
+        content = content.strip()
+    text = content.encode("utf-8", "surrogatepass")
+    call_id = message.get("tool_call_id") if role == "tool" else None
+    head = f"{role!r}\x00{message.get('name')!r}\x00{call_id!r}\x00{_canonical_calls(message)}\x00{len(text)}\x00"
+    h = hashlib.blake2b(previous, digest_size=16)
+    h.update(head.encode("utf-8", "surrogatepass"))
+    h.update(text)
+    return h.digest()
 
 
 def fingerprints(messages: Iterable[dict[str, Any]]) -> list[bytes]:
     """Chained digests: element i fingerprints messages[0..i]."""
     out, h = [], b""
     for message in messages:
-        h = hashlib.blake2b(h + _canonical(message), digest_size=16).digest()
+        h = extend_fingerprint(h, message)
         out.append(h)
     return out
-
-
-def extend_fingerprint(previous: bytes, message: dict[str, Any]) -> bytes:
-    return hashlib.blake2b(previous + _canonical(message), digest_size=16).digest()
 
 
 @dataclass

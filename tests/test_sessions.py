@@ -91,3 +91,28 @@ def test_table_is_bounded_and_reports_what_it_forgot():
     # The oldest sessions went first; their turns can no longer be matched.
     old = reg.resolve([{"role": "user", "content": "task 0"}, REPLY, TOOL], None)
     assert old.base is None
+
+
+def test_fingerprint_tells_apart_what_the_model_saw_and_ignores_what_it_did_not():
+    """The digest is unambiguous across field boundaries (a NUL or a number in the text cannot
+    pose as a field separator), and blind to call ids and whitespace around assistant text."""
+    base = fingerprints([SYSTEM])[-1]
+    differ = [
+        {"role": "tool", "content": "a", "tool_call_id": "b"},
+        {"role": "tool", "content": "a\x00'b'", "tool_call_id": None},
+        {"role": "tool", "content": "", "tool_call_id": "a"},
+        {"role": "user", "content": "a", "name": "b"},
+        {"role": "user", "content": "a"},
+        {"role": "user", "content": "1\x00a"},
+        {"role": "assistant", "content": "a"},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "a", "arguments": "{}"}}]},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "a", "arguments": '{"x": 1}'}}]},
+    ]
+    digests = [extend_fingerprint(base, m) for m in differ]
+    assert len(set(digests)) == len(differ)
+    same = [
+        {"role": "assistant", "content": "  a\n", "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": '{"y": 2, "x": 1}'}}]},
+        {"role": "assistant", "content": "a", "tool_calls": [{"id": "2", "function": {"name": "f", "arguments": '{"x":1,"y":2}'}}]},
+    ]
+    assert extend_fingerprint(base, same[0]) == extend_fingerprint(base, same[1])
+    assert extend_fingerprint(base, differ[4]) != extend_fingerprint(fingerprints([USER])[-1], differ[4])  # chained

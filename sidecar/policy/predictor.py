@@ -23,7 +23,7 @@ observation is taken back and the true gap learned instead.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -102,17 +102,23 @@ class ReturnTimePredictor:
         self._global_mix: dict[str, float] = {}
         self._mix_by_context: dict[int, dict[str, float]] = {}
         self.observations = 0
+        # observe() only queues; the histogram arithmetic runs, in order, before the predictor is
+        # next read (every public method settles first), so results are the same as learning at
+        # once, and a request's gap is learned after it went to the engine, not on its way there
+        self._pending: deque[tuple] = deque()
 
     # ------------------------------------------------------------------ prediction
     def distribution(self, tool_names: Iterable[str], session: SessionGapStats | None = None) -> GapDistribution:
         """Gap after a reply that asked for ``tool_names`` ([] = no tool)."""
+        self.settle()
         key = self._dominant_key(tool_keys(tool_names))
-        return GapDistribution(self.grid, self._key_pmf(key), self.session_scale(session))
+        return GapDistribution(self.grid, self._key_pmf(key), self._scale(session))
 
     def next_reply_distribution(
         self, session: SessionGapStats | None = None, context_tokens: int | None = None
     ) -> GapDistribution:
         """Gap after the coming reply, whose tool calls are not known yet."""
+        self.settle()
         weights = {k: w for k, w in self._population_mix(context_tokens).items() if w > 0 and k in self._tools}
         total = sum(weights.values())
         global_pmf = self._global_pmf()
@@ -120,7 +126,7 @@ class ReturnTimePredictor:
             pmf = global_pmf
         else:
             pmf = sum(w / total * self._key_pmf(k, global_pmf) for k, w in weights.items())
-        return GapDistribution(self.grid, pmf, self.session_scale(session))
+        return GapDistribution(self.grid, pmf, self._scale(session))
 
     def _population_mix(self, context_tokens: int | None) -> dict[str, float]:
         """P(next reply's dominant tool = k) across sessions, given the context size if known."""
@@ -137,12 +143,17 @@ class ReturnTimePredictor:
 
     def session_scale(self, session: SessionGapStats | None) -> float:
         """How much slower (>1) or faster (<1) than usual this session comes back."""
+        self.settle()
+        return self._scale(session)
+
+    def _scale(self, session: SessionGapStats | None) -> float:
         if session is None or session.shift_weight <= 0:
             return 1.0
         shift = session.log_shift_sum / (session.shift_weight + self.settings.session_shrinkage)
         return float(min(max(math.exp(shift), 1 / MAX_SESSION_SCALE), MAX_SESSION_SCALE))
 
     def known_tools(self) -> list[str]:
+        self.settle()
         return list(self._tools)
 
     # ------------------------------------------------------------------ learning
@@ -157,11 +168,20 @@ class ReturnTimePredictor:
         """The session came back ``gap_s`` seconds after a reply that asked for ``tool_names``.
 
         ``count_mix=False``: the reply was already counted in the tool mix (by a censored
-        observation now retracted).
+        observation now retracted). Queued: learned when the predictor is next read.
         """
-        keys = tool_keys(tool_names)
+        self._pending.append((tool_keys(tool_names), gap_s, session, context_tokens, count_mix))
+        if len(self._pending) >= 4096:  # bound the queue of a predictor nobody reads
+            self.settle()
+
+    def settle(self) -> None:
+        """Learn the queued observations, oldest first."""
+        while self._pending:
+            self._observe_now(*self._pending.popleft())
+
+    def _observe_now(self, keys, gap_s, session, context_tokens, count_mix) -> None:
         dominant = self._dominant_key(keys)
-        scale = self.session_scale(session)
+        scale = self._scale(session)
         base_gap = max(gap_s, 0.0) / scale
         if session is not None:
             median = GapDistribution(self.grid, self._key_pmf(dominant)).median()
@@ -181,12 +201,14 @@ class ReturnTimePredictor:
         all, ``retract`` the returned mark and ``observe`` the true gap (the session table keeps
         closed sessions' gaps for that), so only sessions that never return stay counted as such.
         """
+        self.settle()
         keys = tool_keys(tool_names)
         dominant = self._dominant_key(keys)
         return CensoredMark(self._learn(keys, dominant, self._never, context_tokens, True))
 
     def retract(self, mark: CensoredMark) -> None:
         """Undo a censored observation (the session came back after all; observe its gap next)."""
+        self.settle()
         live = {id(h) for h in self._tools.values()} | {id(self._global)}
         for hist, mass, at in mark.added:
             if id(hist) in live:

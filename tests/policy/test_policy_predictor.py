@@ -147,3 +147,30 @@ def test_tool_table_is_bounded():
     for i in range(10):
         predictor.observe([f"tool{i}"], 1.0)
     assert predictor.known_tools() == ["tool7", "tool8", "tool9"]
+
+
+def test_learning_queued_until_read_predicts_exactly_as_learning_at_once():
+    """observe() only queues (it runs on a request's way to the engine); whatever is read next
+    must be what the predictor would say had every gap been learned on arrival, in order."""
+    settings = PolicySettings(mode="predictive", half_life_obs=20)
+    eager, lazy = ReturnTimePredictor(settings), ReturnTimePredictor(settings)
+    stats_eager, stats_lazy = [SessionGapStats() for _ in range(3)], [SessionGapStats() for _ in range(3)]
+    rng = np.random.default_rng(7)
+    tools = [["bash"], ["edit"], ["bash", "read"], []]
+    for i in range(300):
+        tool, gap, s = tools[i % 4], float(rng.lognormal(0.0, 1.0)), i % 3
+        eager.observe(tool, gap, stats_eager[s], context_tokens=1000 * (i % 9))
+        eager.settle()
+        lazy.observe(tool, gap, stats_lazy[s], context_tokens=1000 * (i % 9))
+        if i % 37 == 0:  # a read now and then, as on_turn_end does
+            assert lazy.distribution(["bash"], stats_lazy[s]).median() == eager.distribution(["bash"], stats_eager[s]).median()
+        if i % 50 == 49:
+            mark_e, mark_l = eager.observe_censored(["edit"], 5000), lazy.observe_censored(["edit"], 5000)
+            eager.retract(mark_e)
+            lazy.retract(mark_l)
+    for s in range(3):
+        assert lazy.session_scale(stats_lazy[s]) == eager.session_scale(stats_eager[s])
+        np.testing.assert_array_equal(
+            lazy.next_reply_distribution(stats_lazy[s], 4000).pmf, eager.next_reply_distribution(stats_eager[s], 4000).pmf
+        )
+    assert lazy.known_tools() == eager.known_tools()
