@@ -17,6 +17,10 @@ Latency the sidecar adds, two ways:
   client and engine. ``added`` = percentile of outside(sidecar) minus the same percentile of
   outside(direct). Independent of how busy the engine was.
 * *end to end*: client-seen TTFT / turn latency percentiles, sidecar phase minus direct phase.
+A request's clock starts when its body is serialized (the agent's own JSON work is not counted in
+either mode). Client and double share a CPU, so the client does the least work it can in both
+modes: the direct client keeps its prompt ids as JSON text (as the sidecar does) and both parse
+streamed chunks with pydantic-core; a busier direct client made the baseline slower.
 Also: requests/s, errors, and the sidecar's CPU and RSS sampled every second (psutil).
 
     python -m benchmarks.load_test --sessions 500 --duration 60 --out benchmarks/results/load
@@ -49,6 +53,7 @@ from typing import Any
 
 import aiohttp
 import click
+from pydantic_core import from_json  # the agents parse every streamed chunk: the cheapest parser, in both modes
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
@@ -338,11 +343,11 @@ class Agents:
                 history: Any = [{"role": "system", "content": self.work.system_text},
                                 {"role": "user", "content": "Fix the failing test."}]
             else:
-                history = list(self.work.system_ids)
+                history = _IdsJson(self.work.system_ids)
             for k in range(self.cfg.turns):
                 if time.monotonic() >= self.deadline:
                     return
-                turn = Turn(sid, k, time.time())
+                turn = Turn(sid, k, time.time())  # sent: stamped again once the body is ready
                 self.turns.append(turn)
                 try:
                     reply = await (self.chat(http, sid, history, turn) if self.mode == "sidecar" else self.generate(http, sid, history, turn))
@@ -357,13 +362,15 @@ class Agents:
                     call_id = reply["tool_calls"][0]["id"] if reply.get("tool_calls") else "call_0"
                     history += [reply, {"role": "tool", "tool_call_id": call_id, "content": self.work.tool_texts[tool]}]
                 else:
-                    history += reply + self.work.suffix_ids + self.work.tool_ids[tool]
+                    history.extend(reply + self.work.suffix_ids + self.work.tool_ids[tool])
                 await asyncio.sleep(rng.lognormvariate(math.log(self.cfg.think), 0.5))
 
     async def chat(self, http, sid, messages, turn: Turn):
-        body = {"model": "load", "messages": messages, "tools": TOOLS, "stream": True,
-                "stream_options": {"include_usage": True}, "max_tokens": len(self.work.reply_ids) + 8}
-        async with http.post(self.url + "/v1/chat/completions", json=body, headers={"X-Session-Id": sid}) as resp:
+        body = json.dumps({"model": "load", "messages": messages, "tools": TOOLS, "stream": True,
+                           "stream_options": {"include_usage": True}, "max_tokens": len(self.work.reply_ids) + 8}).encode()
+        turn.sent = time.time()
+        async with http.post(self.url + "/v1/chat/completions", data=body,
+                             headers={"X-Session-Id": sid, "Content-Type": "application/json"}) as resp:
             turn.status = resp.status
             if resp.status != 200:
                 turn.error = (await resp.text())[:300]
@@ -378,7 +385,7 @@ class Agents:
                 if data == b"[DONE]":
                     break
                 turn.chunks += 1
-                event = json.loads(data)
+                event = from_json(data)
                 if "error" in event:
                     turn.error = json.dumps(event["error"])[:300]
                     return None
@@ -401,11 +408,13 @@ class Agents:
             message["tool_calls"] = [calls[i] for i in sorted(calls)]
         return message
 
-    async def generate(self, http, sid, ids, turn: Turn):
-        body = {"input_ids": ids, "session_id": sid, "stream": True,
-                "sampling_params": {"max_new_tokens": len(self.work.reply_ids) + 8, "stop_token_ids": self.work.stop_ids}}
+    async def generate(self, http, sid, ids: "_IdsJson", turn: Turn):
+        rest = json.dumps({"session_id": sid, "stream": True,
+                           "sampling_params": {"max_new_tokens": len(self.work.reply_ids) + 8, "stop_token_ids": self.work.stop_ids}})
+        body = b'{"input_ids":[' + ids.text + b"]," + rest[1:].encode()
         turn.prompt_tokens = len(ids)
-        async with http.post(self.url + "/generate", json=body) as resp:
+        turn.sent = time.time()
+        async with http.post(self.url + "/generate", data=body, headers={"Content-Type": "application/json"}) as resp:
             turn.status = resp.status
             if resp.status != 200:
                 turn.error = (await resp.text())[:300]
@@ -417,7 +426,7 @@ class Agents:
                 data = line[6:].strip()
                 if data == b"[DONE]":
                     break
-                event = json.loads(data)
+                event = from_json(data)
                 if "error" in event:
                     turn.error = json.dumps(event["error"])[:300]
                     return None
@@ -428,6 +437,25 @@ class Agents:
             turn.end = time.time()
         turn.ok = True
         return output
+
+
+class _IdsJson:
+    """A direct client's prompt ids kept as their JSON text, extended per turn, as the sidecar keeps
+    them: re-encoding the whole history every turn made the direct client the busiest process on
+    the shared CPU (twice the sidecar-mode client's CPU), which slowed the baseline it measures."""
+
+    def __init__(self, ids: list[int]):
+        self.text, self.n = b"", 0
+        self.extend(ids)
+
+    def extend(self, ids: list[int]) -> None:
+        if ids:
+            more = json.dumps(ids, separators=(",", ":"))[1:-1].encode()
+            self.text = self.text + b"," + more if self.text else more
+            self.n += len(ids)
+
+    def __len__(self) -> int:
+        return self.n
 
 
 # --------------------------------------------------------------------------- measuring
