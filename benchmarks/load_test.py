@@ -115,9 +115,9 @@ def _double_main(port: int, token_delay: float, reply_ids: list[int], use_uvloop
             received = time.time()
             body = await request.json()
             try:
-                sd.check_contract(body)
+                sd.check_schema(body)
                 req = self._normalize(body)
-            except sd.DoubleError as e:
+            except sd.GenerateRequestError as e:
                 return sd._json_response({"error": {"message": str(e)}}, e.status)
             req["stamp"] = stamp = [received, None, None]
             self.stamps.setdefault(str(req["session_id"]), []).append(stamp)

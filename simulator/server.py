@@ -32,29 +32,15 @@ from typing import Any
 from aiohttp import web
 
 from simulator.engine import SimEngine, SimRequest
+from simulator.generate_request import VOCAB_SIZE, GenerateRequestError, SchemaError, check_prompt, check_sampling, check_schema
 from simulator.http_contract import serve_in_thread, sglang_app
 
 log = logging.getLogger(__name__)
 
 SGLANG_VERSION = "0.5.23"
 TOKEN_LOW, TOKEN_HIGH = 1000, 150000
-VOCAB_SIZE = 151936
-TEXT_PROMPT_ERROR = (
-    "The engine initialized with skip_tokenizer_init=True cannot accept text prompts. "
-    "Please provide input_ids or re-initialize the engine with skip_tokenizer_init=False."
-)
-# sglang.api.v1 SamplingParams contract: unknown keys are a 400.
-SAMPLING_KEYS = {
-    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
-    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",
-    "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
-    "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed", "custom_params", "beam_width",
-    "watermark", "choice",
-}
-
-
-class BadRequest(ValueError):
-    pass
+class BadRequest(GenerateRequestError):
+    """A request the simulator does not emulate (batches, n > 1, ...)."""
 
 
 class SimServer:
@@ -163,28 +149,18 @@ class SimServer:
             self._kick.set()
 
     # ------------------------------------------------------------------ /generate
-    def _parse(self, body: Any) -> SimRequest:
-        if not isinstance(body, dict):
-            raise BadRequest("invalid type: expected a JSON object for GenerateRequest")
-        if body.get("session_id") is not None and body.get("session_params") is not None:
-            raise BadRequest("session_id and session_params cannot both be set.")
-        ids = body.get("input_ids")
-        if ids is None:
-            if body.get("text") is not None:
-                raise BadRequest(TEXT_PROMPT_ERROR)
-            raise BadRequest("Either text, input_ids or input_embeds should be provided.")
-        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise BadRequest("invalid type: expected a flat list of token ids for input_ids (batches are not simulated)")
+    def _parse(self, body: dict) -> SimRequest:
+        """A schema-checked body as the simulated request (SGLang's semantic checks first)."""
+        ids = check_prompt(body)
+        if not all(isinstance(t, int) for t in ids):
+            raise BadRequest("a batch of prompts is not simulated: send one flat list of token ids")
         bad = next((t for t in ids if not 0 <= t < VOCAB_SIZE), None)
         if bad is not None:
             raise BadRequest(f"input id {bad} is outside [0, {VOCAB_SIZE})")
         params = body.get("sampling_params") or {}
         if not isinstance(params, dict):
-            raise BadRequest("sampling_params must be a JSON object (batches are not simulated)")
-        unknown = sorted(set(params) - SAMPLING_KEYS)
-        if unknown:
-            raise BadRequest(f"unknown field `{unknown[0]}`, expected one of "
-                             + ", ".join(f"`{k}`" for k in sorted(SAMPLING_KEYS)))
+            raise BadRequest("a batch of sampling_params is not simulated")
+        check_sampling(params)
         if (params.get("n") or 1) != 1:
             raise BadRequest("n > 1 is not simulated")
         max_new = params.get("max_new_tokens", 128)
@@ -232,6 +208,10 @@ class SimServer:
         except ValueError:
             return _json({"error": "request body is not valid JSON"}, 400)
         stream = isinstance(body, dict) and bool(body.get("stream"))
+        try:
+            check_schema(body)
+        except SchemaError as exc:  # SGLang's schema gate answers before any stream starts
+            return _json({"error": str(exc)}, 400)
         try:
             sim = self._parse(body)
             self._received[sim.rid] = received

@@ -54,6 +54,8 @@ from typing import Any, Awaitable, Callable, Iterator, Optional, Union
 
 from aiohttp import web
 
+from simulator.generate_request import VOCAB_SIZE as QWEN3_VOCAB_SIZE
+from simulator.generate_request import GenerateRequestError, SchemaError, check_prompt, check_sampling, check_schema
 from simulator.http_contract import serve_in_thread, sglang_app
 
 SGLANG_VERSION = "0.5.23"
@@ -62,59 +64,10 @@ IM_END_ID = 151645
 ENDOFTEXT_ID = 151643
 DEFAULT_EOS_IDS = (IM_END_ID, ENDOFTEXT_ID)
 QWEN3_NUM_BPE_TOKENS = 151643  # ids below this are plain BPE tokens
-QWEN3_VOCAB_SIZE = 151936  # config.json vocab_size (embedding rows)
 
 Responder = Callable[[list, dict], Union[list, Awaitable[list]]]
 
-# SamplingParams contract of sglang.api.v1 (unknown keys rejected), name -> kind.
-SAMPLING_PARAM_KINDS: dict[str, str] = {
-    "max_new_tokens": "int",
-    "stop": "str_or_list",
-    "stop_token_ids": "int_list",
-    "stop_regex": "str_or_list",
-    "temperature": "float",
-    "top_p": "float",
-    "top_k": "int",
-    "min_p": "float",
-    "frequency_penalty": "float",
-    "presence_penalty": "float",
-    "repetition_penalty": "float",
-    "min_new_tokens": "int",
-    "n": "int",
-    "json_schema": "str",
-    "regex": "str",
-    "ebnf": "str",
-    "structural_tag": "str",
-    "ignore_eos": "bool",
-    "skip_special_tokens": "bool",
-    "spaces_between_special_tokens": "bool",
-    "no_stop_trim": "bool",
-    "stream_interval": "int",
-    "logit_bias": "dict",
-    "sampling_seed": "int",
-    "custom_params": "any",
-    "beam_width": "int",
-    "watermark": "dict",
-    "choice": "str_list",
-}
-
-TEXT_PROMPT_ERROR = (
-    "The engine initialized with skip_tokenizer_init=True cannot accept text prompts. "
-    "Please provide input_ids or re-initialize the engine with skip_tokenizer_init=False."
-)
 ABORT_MESSAGE = "Aborted by AbortReq."
-
-
-class DoubleError(ValueError):
-    """A request error; ``status`` is the HTTP status SGLang would answer with."""
-
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
-
-
-class ContractError(DoubleError):
-    """Schema violation: SGLang answers ``400 {"error": "<text>"}`` (a plain string)."""
 
 
 # --------------------------------------------------------------------------- model
@@ -472,13 +425,13 @@ class SGLangDouble:
         if self.faults.take_failure():
             return _json_response(self.faults.fail_body, self.faults.fail_status)
         try:
-            check_contract(body)
-        except ContractError as e:
+            check_schema(body)
+        except SchemaError as e:
             return _json_response({"error": str(e)}, 400)
         stream = bool(body.get("stream"))
         try:
             req = self._normalize(body)
-        except DoubleError as e:
+        except GenerateRequestError as e:
             if stream:
                 return await self._stream_error(request, e)
             return _json_response({"error": {"message": str(e)}}, e.status)
@@ -488,24 +441,17 @@ class SGLangDouble:
         return await self._serve_once(request, req, received, drop)
 
     def _normalize(self, body: dict) -> dict:
-        """Semantic checks SGLang does after the schema gate (ValueError -> 400)."""
-        if body.get("session_id") is not None and body.get("session_params") is not None:
-            raise DoubleError("session_id and session_params cannot both be set.")
-        input_ids = body.get("input_ids")
-        if input_ids is None:
-            if body.get("text") is not None:
-                raise DoubleError(TEXT_PROMPT_ERROR)
-            raise DoubleError("Either text, input_ids or input_embeds should be provided.")
+        """Semantic checks SGLang does after the schema gate (ValueError -> 400), then the double's own limits."""
+        input_ids = check_prompt(body)
         if input_ids and isinstance(input_ids[0], list) or isinstance(body.get("rid"), list):
-            raise DoubleError("SGLangDouble: batch requests are not supported")
-        params = dict(body.get("sampling_params") or {})
+            raise GenerateRequestError("SGLangDouble: batch requests are not supported")
         if isinstance(body.get("sampling_params"), list):
-            raise DoubleError("SGLangDouble: batch sampling_params are not supported")
-        _check_sampling_values(params)
-        _raise_if_tokenizer_required(params)
+            raise GenerateRequestError("SGLangDouble: batch sampling_params are not supported")
+        params = dict(body.get("sampling_params") or {})
+        check_sampling(params)
         self._check_lengths(input_ids, params)
         if (params.get("n") or 1) != 1:
-            raise DoubleError("SGLangDouble: n > 1 (parallel sampling) is not supported")
+            raise GenerateRequestError("SGLangDouble: n > 1 (parallel sampling) is not supported")
         return {
             "rid": body.get("rid") or uuid.uuid4().hex,
             "input_ids": list(input_ids),
@@ -518,15 +464,15 @@ class SGLangDouble:
     def _check_lengths(self, input_ids: list, params: dict) -> None:
         bad = next((t for t in input_ids if not 0 <= t < QWEN3_VOCAB_SIZE), None)
         if bad is not None:  # double-only guard: real SGLang fails later, less politely
-            raise DoubleError(f"SGLangDouble: input id {bad} is outside [0, {QWEN3_VOCAB_SIZE})")
+            raise GenerateRequestError(f"SGLangDouble: input id {bad} is outside [0, {QWEN3_VOCAB_SIZE})")
         n_in = len(input_ids)
         if n_in >= self.context_length:
-            raise DoubleError(
+            raise GenerateRequestError(
                 f"The input ({n_in} tokens) is longer than the model's context length ({self.context_length} tokens)."
             )
         max_new = params.get("max_new_tokens", 128)
         if max_new is not None and max_new + n_in > self.context_length:
-            raise DoubleError(
+            raise GenerateRequestError(
                 "Requested token count exceeds the model's maximum context length "
                 f"of {self.context_length} tokens. You requested a total of {max_new + n_in} "
                 f"tokens: {n_in} tokens from the input messages and {max_new} tokens for "
@@ -560,7 +506,7 @@ class SGLangDouble:
             self.client_disconnects.append(req["rid"])
         return resp
 
-    async def _stream_error(self, request, error: DoubleError) -> web.StreamResponse:
+    async def _stream_error(self, request, error: GenerateRequestError) -> web.StreamResponse:
         """SGLang streams validation errors as an SSE error event with HTTP 200."""
         resp = await _start_sse(request)
         payload = {
@@ -868,127 +814,6 @@ class SGLangDouble:
 
 
 # --------------------------------------------------------------------------- validation helpers
-
-
-def check_contract(body: Any) -> None:
-    """The schema gate (``sglang.api.v1.GenerateRequest``): types + sampling keys."""
-    if not isinstance(body, dict):
-        raise ContractError("invalid type: expected a JSON object for GenerateRequest")
-    _check_type(body.get("rid"), "str_or_list", "rid")
-    _check_type(body.get("text"), "str_or_list", "text")
-    _check_token_ids(body.get("input_ids"))
-    _check_type(body.get("stream"), "bool", "stream")
-    _check_type(body.get("session_id"), "str", "session_id")
-    _check_type(body.get("extra_key"), "str_or_list", "extra_key")
-    _check_type(body.get("cache_salt"), "str_or_list", "cache_salt")
-    _check_type(body.get("priority"), "int", "priority")
-    params = body.get("sampling_params")
-    for one in params if isinstance(params, list) else [params]:
-        _check_sampling_params(one)
-
-
-def _check_sampling_params(params: Any) -> None:
-    if params is None:
-        return
-    if not isinstance(params, dict):
-        raise ContractError(f"invalid type: {_describe(params)}, expected a JSON object for SamplingParams")
-    for key, value in params.items():
-        kind = SAMPLING_PARAM_KINDS.get(key)
-        if kind is None:
-            expected = ", ".join(f"`{k}`" for k in SAMPLING_PARAM_KINDS)
-            raise ContractError(f"unknown field `{key}`, expected one of {expected}")
-        _check_type(value, kind, key)
-
-
-def _check_token_ids(value: Any) -> None:
-    if value is None:
-        return
-    ok = isinstance(value, list) and (
-        all(_is_int(v) for v in value) or all(isinstance(v, list) and all(_is_int(x) for x in v) for v in value)
-    )
-    if not ok:
-        raise ContractError(
-            f"invalid type: {_describe(value)}, expected a value or an array of values for TokenIdsOrList"
-        )
-
-
-def _check_type(value: Any, kind: str, name: str) -> None:
-    if value is None or kind == "any":
-        return
-    checks = {
-        "int": _is_int,
-        "float": lambda v: _is_int(v) or isinstance(v, float),
-        "bool": lambda v: isinstance(v, bool),
-        "str": lambda v: isinstance(v, str),
-        "dict": lambda v: isinstance(v, dict),
-        "str_or_list": lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
-        "int_list": lambda v: isinstance(v, list) and all(_is_int(x) for x in v),
-        "str_list": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
-    }
-    if not checks[kind](value):
-        expected = {"int": "i64", "float": "f64", "bool": "a boolean", "str": "a string"}.get(kind, kind)
-        raise ContractError(f"invalid type: {_describe(value)}, expected {expected} (field `{name}`)")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, str):
-        return f'string "{value}"'
-    if isinstance(value, bool):
-        return f"boolean `{str(value).lower()}`"
-    if isinstance(value, int):
-        return f"integer `{value}`"
-    return type(value).__name__
-
-
-def _check_sampling_values(p: dict) -> None:
-    """The subset of ``SamplingParams.verify`` a sidecar can trip over."""
-    temperature = p.get("temperature", 1.0)
-    if temperature is not None and temperature < 0:
-        raise DoubleError(f"temperature must be a non-negative finite number, got {temperature}.")
-    top_p = p.get("top_p", 1.0)
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise DoubleError(f"top_p must be in (0, 1], got {top_p}.")
-    top_k = p.get("top_k")
-    if top_k is not None and (top_k < 1 and top_k != -1):
-        raise DoubleError(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
-    for name in ("frequency_penalty", "presence_penalty"):
-        value = p.get(name)
-        if value is not None and not -2.0 <= value <= 2.0:
-            raise DoubleError(f"{name} must be in [-2, 2], got {value}.")
-    max_new = p.get("max_new_tokens")
-    if max_new is not None and max_new < 0:
-        raise DoubleError(f"max_new_tokens must be at least 0, got {max_new}.")
-    grammars = [p.get(k) for k in ("json_schema", "regex", "ebnf", "structural_tag")]
-    if sum(g is not None for g in grammars) > 1:
-        raise DoubleError("Only one of json_schema, regex, ebnf, or structural_tag can be set.")
-
-
-def _raise_if_tokenizer_required(p: dict) -> None:
-    """``raise_if_tokenizer_required`` of sampling_params.py (skip_tokenizer_init)."""
-    stop = p.get("stop")
-    if stop:
-        stop = [stop] if isinstance(stop, str) else stop
-        raise DoubleError(
-            f"stop={stop!r} is unavailable when skip_tokenizer_init=True "
-            "(requires tokenizer to decode tokens to text for matching)."
-        )
-    stop_regex = p.get("stop_regex")
-    if stop_regex:
-        stop_regex = [stop_regex] if isinstance(stop_regex, str) else stop_regex
-        raise DoubleError(
-            f"stop_regex={stop_regex!r} is unavailable when skip_tokenizer_init=True "
-            "(requires tokenizer to decode tokens to text for matching)."
-        )
-    min_new = p.get("min_new_tokens") or 0
-    if min_new > 0:
-        raise DoubleError(
-            f"min_new_tokens={min_new} is unavailable when skip_tokenizer_init=True "
-            "(requires tokenizer for eos_token_id)."
-        )
 
 
 # --------------------------------------------------------------------------- http helpers

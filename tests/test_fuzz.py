@@ -26,7 +26,9 @@ import pytest
 from aiohttp import web
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from sglang_double import IM_END_ID, QWEN3_VOCAB_SIZE, SGLangDouble, check_contract, parse_sse
+from sglang_double import IM_END_ID, QWEN3_VOCAB_SIZE, SGLangDouble, parse_sse
+
+from simulator.generate_request import check_schema
 
 from sidecar import keys
 from sidecar.app import create_app
@@ -148,7 +150,7 @@ def check_state(stack: Stack) -> None:
     assert all(state.in_flight == 0 for state in policy.table)
     assert policy.gate.queue_length == 0
     for body in stack.double.requests:  # everything forwarded speaks SGLang's schema
-        check_contract(body)
+        check_schema(body)
         assert len(body["input_ids"]) <= MAX_PROMPT
 
 
