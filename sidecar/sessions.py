@@ -63,11 +63,11 @@ def extend_fingerprint(previous: bytes, message: dict[str, Any]) -> bytes:
     content = message.get("content") or ""
     if role == "assistant":
         content = content.strip()
-    text = content.encode("utf-8", "surrogatepass")
+    text = content.encode()  # strict: a lone surrogate (from parsed tool arguments) is a client error
     call_id = message.get("tool_call_id") if role == "tool" else None
     head = f"{role!r}\x00{message.get('name')!r}\x00{call_id!r}\x00{_canonical_calls(message)}\x00{len(text)}\x00"
     h = hashlib.blake2b(previous, digest_size=16)
-    h.update(head.encode("utf-8", "surrogatepass"))
+    h.update(head.encode())
     h.update(text)
     return h.digest()
 

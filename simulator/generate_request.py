@@ -192,20 +192,14 @@ def _check_sampling_values(p: dict) -> None:
 
 
 def _raise_if_tokenizer_required(p: dict) -> None:
-    stop = p.get("stop")
-    if stop:
-        stop = [stop] if isinstance(stop, str) else stop
-        raise GenerateRequestError(
-            f"stop={stop!r} is unavailable when skip_tokenizer_init=True "
-            "(requires tokenizer to decode tokens to text for matching)."
-        )
-    stop_regex = p.get("stop_regex")
-    if stop_regex:
-        stop_regex = [stop_regex] if isinstance(stop_regex, str) else stop_regex
-        raise GenerateRequestError(
-            f"stop_regex={stop_regex!r} is unavailable when skip_tokenizer_init=True "
-            "(requires tokenizer to decode tokens to text for matching)."
-        )
+    for key in ("stop", "stop_regex"):  # text matching needs the tokenizer to decode
+        value = p.get(key)
+        if value:
+            value = [value] if isinstance(value, str) else value
+            raise GenerateRequestError(
+                f"{key}={value!r} is unavailable when skip_tokenizer_init=True "
+                "(requires tokenizer to decode tokens to text for matching)."
+            )
     min_new = p.get("min_new_tokens") or 0
     if min_new > 0:
         raise GenerateRequestError(

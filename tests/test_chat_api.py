@@ -293,6 +293,18 @@ async def test_malformed_json_and_oversize_bodies(sidecar):
     assert resp.status == 400 and "session id" in (await resp.json())["error"]["message"]
 
 
+async def test_lone_surrogate_inside_tool_call_arguments_is_a_400(sidecar):
+    """Arguments are JSON text inside JSON: an escaped lone surrogate there is valid in the body and
+    only appears once the sidecar parses the arguments; still the client's error, never a 500."""
+    client, double = sidecar
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": "\\ud800"}'}}
+    body = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}
+    status, err = await _chat(client, body)
+    assert status == 400 and "not valid Unicode" in err["error"]["message"]
+    assert double.requests == []
+
+
 async def test_prompt_token_limit(sidecar):
     client, _ = sidecar
     tight = await client.make(max_prompt_tokens=10)
