@@ -13,11 +13,10 @@ import re
 from typing import Any
 
 from aiohttp import web
+from pydantic import ValidationError
 
 from sidecar import keys
 from sidecar.errors import APIError, invalid_request
-from pydantic import ValidationError
-
 from sidecar.schema import ChatCompletionRequest, invalid_from
 
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9._:@\-]{1,128}$")
