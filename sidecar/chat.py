@@ -146,7 +146,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 def remember_turn(app: web.Application, res: Resolution, n_messages: int, gen: Generation) -> None:
     result = gen.result
     reply = gen.reply_message()
-    reply_fp = extend_fingerprint(res.fingerprint, {**reply, "content": reply["content"] or ""})
+    reply_fp = extend_fingerprint(res.fingerprint, reply)
     ids = gen.payload["input_ids"] + result.output_ids
     state = TurnState(reply_fp, n_messages + 1, ids, result.end_id)
     registry = app[keys.REGISTRY]

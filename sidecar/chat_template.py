@@ -17,7 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.errors import invalid_request
+from sidecar.errors import APIError, invalid_request
 from sidecar.tokens import TokenCodec
 
 _MARKER = "\u2063sidecar-reply-end\u2063"
@@ -113,11 +113,8 @@ class ChatRenderer:
         if n == 0 or n == len(messages):
             return None
         try:
-            head_text = self.tokenizer.apply_chat_template(
-                messages[:n], tools=tools, tokenize=False, add_generation_prompt=False,
-                **{**self.template_kwargs, **(kwargs or {})},
-            )
-        except Exception:  # noqa: BLE001 - a template may refuse a conversation without a user turn
+            head_text = self._render(messages[:n], tools, kwargs, add_generation_prompt=False)
+        except APIError:  # a template may refuse a conversation without a user turn
             return None
         if not isinstance(head_text, str) or not text.startswith(head_text) or not self.codec.splits_at(text, len(head_text)):
             return None
