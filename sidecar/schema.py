@@ -11,9 +11,9 @@ import json
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sidecar.errors import APIError, invalid_request
+from sidecar.errors import APIError
 
 
 class TextPart(BaseModel):
@@ -183,24 +183,6 @@ class ChatCompletionRequest(BaseModel):
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
-
-
-def parse_request(body: Any) -> ChatCompletionRequest:
-    """Validate a decoded JSON body; every problem becomes one OpenAI-style 400."""
-    if not isinstance(body, dict):
-        raise invalid_request("request body must be a JSON object")
-    try:
-        return ChatCompletionRequest.model_validate(body)
-    except ValidationError as exc:
-        raise invalid_from(exc) from None
-
-
-def invalid_from(exc: ValidationError) -> APIError:
-    """The first validation problem as one OpenAI-style 400."""
-    err = exc.errors(include_url=False)[0]
-    loc = ".".join(str(p) for p in err["loc"])
-    msg = err["msg"].removeprefix("Value error, ")
-    return invalid_request(f"{loc}: {msg}" if loc else msg, param=loc or None)
 
 
 def completion_id() -> str:

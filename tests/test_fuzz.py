@@ -33,7 +33,7 @@ from simulator.generate_request import check_schema
 from sidecar import keys
 from sidecar.app import create_app
 from sidecar.request_checks import SESSION_ID_RE
-from sidecar.schema import parse_request
+from sidecar.request_checks import parse_chat_request
 from sidecar.settings import load_settings
 
 MAX_BODY = 64 * 1024
@@ -372,7 +372,7 @@ def test_fuzzed_conversations_never_mix_continuation_and_rerender(stack, canary,
         return
     sent = stack.double.requests[-1]["input_ids"]
     continued = sent[: len(held)] == held
-    req = parse_request(second)
+    req = parse_chat_request(json.dumps(second).encode())
     full = stack.app[keys.RENDERER].render_full([m.to_template() for m in req.messages], req.template_tools(), req.chat_template_kwargs)
     forced = stack.app[keys.RENDERER].forced_prefix(req.tool_choice, req.tools)
     full += stack.app[keys.RENDERER].encode(forced.text) if forced else []
