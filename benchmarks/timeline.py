@@ -6,23 +6,26 @@ active, and the mean turn latency (from a replay's per-turn CSV).
 
 from __future__ import annotations
 
-import csv
 import statistics
 import sys
 from collections import defaultdict
 
+from benchmarks.records import TurnRecord, read_turns_csv
+
 
 def summarize(path: str) -> dict:
-    sessions: dict[str, list[dict]] = defaultdict(list)
-    for row in csv.DictReader(open(path)):
-        sessions[row["session"]].append(row)
+    sessions: dict[str, list[TurnRecord]] = defaultdict(list)
+    for record in read_turns_csv(path):
+        sessions[record.session].append(record)
     first_waits, spans = [], []
-    for rows in sessions.values():
-        first = min(rows, key=lambda r: int(r["turn"]))
-        started = float(first["send_s"]) + float(first["ttft_s"])
-        first_waits.append(float(first["ttft_s"]))
-        spans.append(max(float(r["end_s"]) for r in rows) - started)
-    latencies = [float(r["end_s"]) - float(r["send_s"]) for rows in sessions.values() for r in rows]
+    for records in sessions.values():
+        first = min(records, key=lambda r: r.turn)
+        if first.ttft_s is None:  # the session's first turn failed: no first token to wait for
+            continue
+        started = first.send_s + first.ttft_s
+        first_waits.append(first.ttft_s)
+        spans.append(max(r.end_s for r in records if r.end_s is not None) - started)
+    latencies = [r.end_s - r.send_s for records in sessions.values() for r in records if r.end_s is not None]
     return {
         "first_token_waits_s": sorted(round(w, 1) for w in first_waits),
         "active_span_mean_s": round(statistics.mean(spans), 1),
