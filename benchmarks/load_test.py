@@ -55,6 +55,8 @@ import aiohttp
 import click
 from pydantic_core import from_json  # the agents parse every streamed chunk: the cheapest parser, in both modes
 
+from sidecar.id_text import IdText
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
 TOOLS = [
@@ -343,7 +345,10 @@ class Agents:
                 history: Any = [{"role": "system", "content": self.work.system_text},
                                 {"role": "user", "content": "Fix the failing test."}]
             else:
-                history = _IdsJson(self.work.system_ids)
+                # the ids as JSON text, extended per turn as the sidecar keeps them: re-encoding the
+                # whole history every turn made this client the busiest process on the CPU it shares
+                # with the double (twice the sidecar-mode client's CPU), which slowed the baseline
+                history = IdText(self.work.system_ids)
             for k in range(self.cfg.turns):
                 if time.monotonic() >= self.deadline:
                     return
@@ -362,7 +367,7 @@ class Agents:
                     call_id = reply["tool_calls"][0]["id"] if reply.get("tool_calls") else "call_0"
                     history += [reply, {"role": "tool", "tool_call_id": call_id, "content": self.work.tool_texts[tool]}]
                 else:
-                    history.extend(reply + self.work.suffix_ids + self.work.tool_ids[tool])
+                    history += reply + self.work.suffix_ids + self.work.tool_ids[tool]
                 await asyncio.sleep(rng.lognormvariate(math.log(self.cfg.think), 0.5))
 
     async def chat(self, http, sid, messages, turn: Turn):
@@ -408,10 +413,10 @@ class Agents:
             message["tool_calls"] = [calls[i] for i in sorted(calls)]
         return message
 
-    async def generate(self, http, sid, ids: "_IdsJson", turn: Turn):
+    async def generate(self, http, sid, ids: IdText, turn: Turn):
         rest = json.dumps({"session_id": sid, "stream": True,
                            "sampling_params": {"max_new_tokens": len(self.work.reply_ids) + 8, "stop_token_ids": self.work.stop_ids}})
-        body = b'{"input_ids":[' + ids.text + b"]," + rest[1:].encode()
+        body = b'{"input_ids":' + ids.json() + b"," + rest[1:].encode()
         turn.prompt_tokens = len(ids)
         turn.sent = time.time()
         async with http.post(self.url + "/generate", data=body, headers={"Content-Type": "application/json"}) as resp:
@@ -437,25 +442,6 @@ class Agents:
             turn.end = time.time()
         turn.ok = True
         return output
-
-
-class _IdsJson:
-    """A direct client's prompt ids kept as their JSON text, extended per turn, as the sidecar keeps
-    them: re-encoding the whole history every turn made the direct client the busiest process on
-    the shared CPU (twice the sidecar-mode client's CPU), which slowed the baseline it measures."""
-
-    def __init__(self, ids: list[int]):
-        self.text, self.n = b"", 0
-        self.extend(ids)
-
-    def extend(self, ids: list[int]) -> None:
-        if ids:
-            more = json.dumps(ids, separators=(",", ":"))[1:-1].encode()
-            self.text = self.text + b"," + more if self.text else more
-            self.n += len(ids)
-
-    def __len__(self) -> int:
-        return self.n
 
 
 # --------------------------------------------------------------------------- measuring
