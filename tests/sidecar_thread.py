@@ -2,41 +2,29 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from contextlib import contextmanager
+from simulator.http_contract import serve_in_thread
 
 
-@contextmanager
+class _SidecarServer:
+    """``create_app(settings)`` behind the start/stop interface ``serve_in_thread`` serves."""
+
+    def __init__(self, settings, tokenizer=None):
+        self.settings, self.tokenizer, self.runner = settings, tokenizer, None
+
+    async def start(self, host: str, port: int) -> str:
+        from aiohttp import web
+
+        from sidecar.app import create_app
+
+        self.runner = web.AppRunner(create_app(self.settings, tokenizer=self.tokenizer), handler_cancellation=True)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, host, port).start()
+        return f"http://{host}:{self.runner.addresses[0][1]}"
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
 def sidecar_in_thread(settings, tokenizer=None):
-    """Serve ``create_app(settings)`` on its own loop and port; yields its base URL."""
-    from aiohttp import web
-
-    from sidecar.app import create_app
-
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    box = {}
-
-    async def start():
-        runner = web.AppRunner(create_app(settings, tokenizer=tokenizer), handler_cancellation=True)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        box["runner"], box["url"] = runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
-
-    def run():
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(start())
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert ready.wait(60), "sidecar did not start"
-    try:
-        yield box["url"]
-    finally:
-        asyncio.run_coroutine_threadsafe(box["runner"].cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
+    """Serve ``create_app(settings)`` on its own loop and port; a context manager yielding its base URL."""
+    return serve_in_thread(_SidecarServer(settings, tokenizer), timeout=60.0, name="sidecar")
