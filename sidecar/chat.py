@@ -125,7 +125,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         # The parsed history (hundreds of objects per request) is not needed while the reply
         # streams, so it is not carried through the garbage collector's generations. It is freed
-        # once the reply started: freeing it takes longer than sending the request to SGLang.
+        # once the reply started, so that freeing it is not on the request's way to SGLang.
         parsed: list[Any] = [req, messages]
         del req, messages
         if stream:
