@@ -97,11 +97,11 @@ FULL_GC_AFTER_GEN1_PASSES = 100  # CPython's default is 10
 async def _tune_gc_for_serving(app) -> None:
     """Process-wide, so it belongs to the process that serves, not to the app factory.
 
-    transformers (and the torch it imports) leave ~400k long-lived objects; each full GC pass over
-    them stalled every stream for ~200 ms, so they are frozen out of the collector. A full pass
-    still walks every live session and connection (~100k objects at 500 sessions: 60-90 ms under
-    load) and in the load tests never found anything to free (request garbage dies young), so it
-    runs 10x less often.
+    transformers (and the torch it imports) leave hundreds of thousands of long-lived objects; a
+    full GC pass over them stalls every stream, so they are frozen out of the collector. A full pass
+    still walks every live session and connection and in the load tests never found anything to
+    free (request garbage dies young), so it runs 10x less often. (The stall sizes were measured in
+    an earlier round's load runs, which are not committed.)
     """
     gc.collect()
     gc.freeze()
