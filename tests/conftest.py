@@ -4,7 +4,7 @@ Async tests run under pytest-asyncio (brought in by pytest-aiohttp) with
 ``asyncio_mode = "auto"`` from pyproject, so ``async def`` tests and fixtures
 need no markers. The double module is importable as ``sglang_double``
 (this file puts ``tests/`` on ``sys.path``). Do not ``import conftest`` from
-tests: ``tests/benchmarks/conftest.py`` makes that name ambiguous.
+tests: ``tests/sidecar_tools/benchmarks/conftest.py`` makes that name ambiguous.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from sglang_double import SGLangDouble, parse_sse, run_in_thread  # noqa: E402
 @pytest.fixture(scope="session")
 def qwen3_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A Qwen3 tokenizer folder (tokenizer.json + config with the real chat template), built once."""
-    from benchmarks.qwen3_tokenizer import build_qwen3_tokenizer
+    from sidecar_tools.benchmarks.qwen3_tokenizer import build_qwen3_tokenizer
 
     return build_qwen3_tokenizer(tmp_path_factory.mktemp("qwen3-tokenizer"))
 

@@ -54,9 +54,9 @@ from typing import Any, Awaitable, Callable, Iterator, Optional, Union
 
 from aiohttp import web
 
-from simulator.generate_request import VOCAB_SIZE as QWEN3_VOCAB_SIZE
-from simulator.generate_request import GenerateRequestError, SchemaError, check_prompt, check_sampling, check_schema
-from simulator.http_contract import serve_in_thread, sglang_app
+from sidecar_tools.simulator.generate_request import VOCAB_SIZE as QWEN3_VOCAB_SIZE
+from sidecar_tools.simulator.generate_request import GenerateRequestError, SchemaError, check_prompt, check_sampling, check_schema
+from sidecar_tools.simulator.http_contract import serve_in_thread, sglang_app
 
 SGLANG_VERSION = "0.5.23"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from simulator.http_contract import serve_in_thread
+from sidecar_tools.simulator.http_contract import serve_in_thread
 
 
 class _SidecarServer:

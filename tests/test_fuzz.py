@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from sglang_double import IM_END_ID, QWEN3_VOCAB_SIZE, SGLangDouble, parse_sse
 
-from simulator.generate_request import check_schema
+from sidecar_tools.simulator.generate_request import check_schema
 
 from sidecar import keys
 from sidecar.app import create_app

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import tiktoken
 
-from benchmarks import qwen3_tokenizer as q3
+from sidecar_tools.benchmarks import qwen3_tokenizer as q3
 
 SAMPLES = [
     "Hello world",
@@ -207,9 +207,9 @@ def test_chat_template_token_ids_use_added_tokens(qwen3_tokenizer):
 def test_cli_builds_folder_quickly(tmp_path):
     start = time.monotonic()
     subprocess.run(
-        [sys.executable, "-m", "benchmarks.qwen3_tokenizer", str(tmp_path)],
+        [sys.executable, "-m", "sidecar_tools.benchmarks.qwen3_tokenizer", str(tmp_path)],
         check=True,
-        cwd=Path(q3.__file__).parent.parent,
+        cwd=Path(q3.__file__).parents[2],
     )
     assert time.monotonic() - start < 60
     assert {p.name for p in tmp_path.iterdir()} == {

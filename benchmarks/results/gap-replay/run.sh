@@ -4,7 +4,7 @@
 # afterwards `sglang-sidecar gap-replay ...` takes the same arguments.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-GR="python -m sidecar.policy.gap_replay"
+GR="python -m sidecar_tools.gaps.gap_replay"
 OUT=benchmarks/results/gap-replay
 SWEEP="--fixed-ttl 2 --fixed-ttl 10 --fixed-ttl 30 --fixed-ttl 120 --fixed-ttl 300"
 

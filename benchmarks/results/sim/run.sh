@@ -3,7 +3,7 @@
 # GPU run we have (same config, same name once -generate/-openai is dropped), predictions for the
 # current product, the fidelity table and the what-if tables.
 #   bash benchmarks/results/sim/run.sh [OUT]      (from the repo root; ~12 s per run on 2 cores)
-# Each run: <name>.json + <name>-turns.csv (benchmarks.replay's format); timings.tsv: wall seconds
+# Each run: <name>.json + <name>-turns.csv (sidecar_tools.benchmarks.replay's format); timings.tsv: wall seconds
 # of the whole command (SGLang import included) and of the replay loop alone.
 set -uo pipefail
 OUT=${1:-benchmarks/results/sim}

@@ -8,8 +8,8 @@ max_leased_fraction 0.8 (prefer_leased_requests on). Reference workload.
 
 from __future__ import annotations
 
-from simulator.calibrate import simulate_spec
-from simulator.costmodel import load_calibration
+from sidecar_tools.simulator.calibrate import simulate_spec
+from sidecar_tools.simulator.costmodel import load_calibration
 
 CONFIG = "configs/coding-agent.toml"
 cost, _ = load_calibration()

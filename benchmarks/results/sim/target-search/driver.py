@@ -21,7 +21,7 @@ def run_one(job):
     name, args, out = job
     if (Path(out) / f"{name}.json").exists():
         return name, "cached"
-    from simulator.cli import simulate
+    from sidecar_tools.simulator.cli import simulate
     argv = BASE + ["--name", name, "--out", out] + list(args)
     import contextlib
     import io
@@ -42,8 +42,8 @@ def main():
     with open(Path(out) / "commands.txt", "a") as f:
         for name, args in jobs:
             f.write(shlex.join(["sglang-sidecar", "simulate", *BASE, "--name", name, "--out", out, *args]) + "\n")
-    import simulator.cli  # noqa: F401  (import SGLang once before forking)
-    import simulator.engine  # noqa: F401
+    import sidecar_tools.simulator.cli  # noqa: F401  (import SGLang once before forking)
+    import sidecar_tools.simulator.engine  # noqa: F401
     ctx = mp.get_context("fork")
     with ctx.Pool(workers) as pool:
         for name, status in pool.imap_unordered(run_one, [(n, a, out) for n, a in jobs]):

@@ -1,0 +1,69 @@
+"""Where the sidecar's CPU goes, from a py-spy speedscope profile of the load test.
+
+    python -m sidecar_tools.benchmarks.profile_shares benchmarks/results/load/profile-sidecar-300.speedscope.json
+
+Each busy sample (idle samples, waiting in the selector, are dropped) is put in the first group
+whose frames it contains, in the order below (so the tokenizer called from a render counts as
+tokenizer, not as render); prints a markdown table of the shares. Record the profile with
+``python -m sidecar_tools.benchmarks.load_test ... --mode sidecar --sidecar-arg=--event-loop=asyncio --profile F``
+(asyncio, so the event loop's own frames are visible).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import sys
+from collections.abc import Callable
+
+Stack = list[tuple[str, str]]  # (function, file name) from the outermost frame in
+
+
+def _any(stack: Stack, names: set[str] = frozenset(), files: set[str] = frozenset()) -> bool:
+    return any(name in names or file in files for name, file in stack)
+
+
+GROUPS: list[tuple[str, Callable[[Stack], bool]]] = [
+    ("tokenizer encode (new messages)", lambda s: _any(s, {"TokenCodec.encode"})),
+    ("chat template render (Jinja)", lambda s: _any(s, {"ChatRenderer._render", "ChatRenderer._head"})),
+    ("body parse + validation (pydantic)", lambda s: _any(s, {"parse_chat_request", "read_body", "BaseModel.model_validate_json"})),
+    ("session lookup + fingerprints", lambda s: _any(s, {"SessionRegistry.resolve", "fingerprints", "extend_fingerprint", "Message.to_template"})),
+    ("policy (gap learning, lease, admission, session lifecycle)",
+     lambda s: _any(s, files={"lease_policy.py", "predictor.py", "admission.py", "lifecycle.py", "distribution.py"})),
+    ("remember the turn", lambda s: _any(s, {"remember_turn"})),
+    ("engine request (aiohttp client send)", lambda s: _any(s, {"EngineClient._open"})),
+    ("relay: SSE frames + writes to the agent", lambda s: _any(s, {"stream_reply.<locals>.send"})),
+    ("relay: read + parse SGLang chunks, detokenize, tool calls", lambda s: _any(s, {"Generation.events", "EngineClient.generate_stream"})),
+    ("rest of the handler", lambda s: _any(s, {"chat_completions", "stream_reply"})),
+    ("event loop, sockets, aiohttp outside the handler", lambda s: True),
+]
+
+
+def shares(profile_path: str) -> dict[str, float]:
+    data = json.load(open(profile_path))
+    frames = data["shared"]["frames"]
+    names = [f["name"] for f in frames]
+    files = [f["file"].rsplit("/", 1)[-1] for f in frames]
+    prof = data["profiles"][0]
+    weights = prof.get("weights") or [1] * len(prof["samples"])
+    count: collections.Counter[str] = collections.Counter()
+    total = 0.0
+    for sample, weight in zip(prof["samples"], weights):
+        if not sample or "select" in names[sample[-1]]:
+            continue
+        stack = [(names[i], files[i]) for i in sample]
+        total += weight
+        count[next(label for label, match in GROUPS if match(stack))] += weight
+    return {label: count[label] / total for label, _ in GROUPS} if total else {}
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 1:
+        raise SystemExit(__doc__)
+    print("| | share of the sidecar's busy CPU |\n|---|---|")
+    for label, share in shares(argv[0]).items():
+        print(f"| {label} | {share * 100:.0f} % |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

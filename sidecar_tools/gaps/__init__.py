@@ -1,0 +1,1 @@
+"""Offline evaluation of lease policies on recorded or synthetic tool gaps (``gap-replay``)."""

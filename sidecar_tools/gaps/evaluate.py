@@ -1,0 +1,215 @@
+"""Offline replay of a gap trace through the live policy code, and scoring of lease policies.
+
+Replay: events in time order - a turn ends at ``t`` (lease_ttl, on_turn_end, revised_lease_ttl),
+the session returns at ``t + gap`` (on_request: the predictor learns the gap); every simulated
+second the lifecycle runs (sessions_to_close -> on_session_closed: a session that stayed away past
+its lease + idle grace is learned as censored, and re-learned if it comes back later). So the
+predictor only knows what a live sidecar would have known at each decision.
+
+Scoring, per policy and gap with N context tokens and lease T (no lease = 0):
+* hit: back within T (gap <= T); the return hit rate counts only gaps that ended;
+* leased token-seconds: N * min(gap, T) (N * T if the session never came back);
+* recomputed tokens: N for each return after the lease;
+* cost (engine s): kv_cost_weight * leased token-seconds + recompute cost of the misses.
+Reference policies: oracle (T = the true gap; never-returning sessions 0) and clairvoyant
+(T = gap only where holding is cheaper than recomputing, else 0: the least cost possible).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sidecar.policy.base import EngineCapacity, TurnEnd
+from sidecar_tools.gaps.gap_trace import GapRecord
+from sidecar.policy.lease_policy import LeasePolicy
+from sidecar.policy.predictor import tool_keys
+from sidecar.policy.ttl import LeaseTtlRule
+
+_RETURN, _TURN = 0, 1
+LIFECYCLE_PERIOD_S = 1.0
+
+
+@dataclass
+class ReplayedGap:
+    record: GapRecord
+    ttl_request: float  # predictive lease sent with the request (tools unknown)
+    ttl_after_turn: float  # predictive lease once the reply's tools are known
+    predicted_median_s: float
+
+
+@dataclass
+class PolicyScore:
+    name: str
+    gaps: int = 0
+    returns: int = 0
+    hits: int = 0
+    leased_token_s: float = 0.0
+    recomputed_tokens: int = 0
+    cost_s: float = 0.0
+    by_tool: dict[str, list[int]] = field(default_factory=dict)  # key -> [returns, hits]
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.returns if self.returns else 0.0
+
+    def as_dict(self, oracle_token_s: float) -> dict:
+        return {
+            "policy": self.name,
+            "hit_rate": round(self.hit_rate, 4),
+            "hits": self.hits,
+            "returns": self.returns,
+            "leased_token_s": round(self.leased_token_s, 1),
+            "leased_vs_oracle": round(self.leased_token_s / oracle_token_s, 4) if oracle_token_s else None,
+            "recomputed_tokens": self.recomputed_tokens,
+            "cost_s": round(self.cost_s, 3),
+        }
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def replay_predictive(records: list[GapRecord], settings) -> list[ReplayedGap]:
+    """Run the trace through a LeasePolicy in mode=predictive; the TTLs it chose per gap."""
+    policy_settings = settings.policy.model_copy(update={"mode": "predictive"})
+    admission = settings.admission.model_copy(update={"enabled": False})
+    clock = _Clock()
+    policy = LeasePolicy(
+        policy_settings,
+        admission,
+        EngineCapacity(0),
+        max_sessions=max(settings.server.max_sessions, 1),
+        idle_grace_s=settings.server.session_idle_grace,
+        clock=clock,
+    )
+    events: list[tuple[float, int, int]] = [(r.t, _TURN, i) for i, r in enumerate(records)]
+    heapq.heapify(events)
+    results: list[ReplayedGap | None] = [None] * len(records)
+    requested: set[str] = set()
+    last_lifecycle = -math.inf
+
+    def run_lifecycle(now: float) -> None:
+        for sid in policy.sessions_to_close(now):
+            policy.on_session_closed(sid)
+
+    while events:
+        now, kind, i = heapq.heappop(events)
+        clock.now = now
+        if now - last_lifecycle >= LIFECYCLE_PERIOD_S:
+            run_lifecycle(now)
+            last_lifecycle = now
+        r = records[i]
+        if kind == _TURN:
+            if r.session_id not in requested:
+                policy.on_request(r.session_id, r.context_tokens, now)
+            requested.discard(r.session_id)
+            ttl_req = policy.lease_ttl(r.session_id, r.context_tokens, now)
+            policy.on_turn_end(TurnEnd(r.session_id, r.context_tokens, list(r.tool_names), now))
+            predicted = policy.table.get(r.session_id).predicted_gap_s
+            ttl_after = policy.revised_lease_ttl(r.session_id, now)
+            results[i] = ReplayedGap(r, ttl_req or 0.0, ttl_after or 0.0, predicted)
+            if r.gap_s is not None:
+                heapq.heappush(events, (now + r.gap_s, _RETURN, i))
+        else:
+            policy.on_request(r.session_id, r.context_tokens, now)
+            requested.add(r.session_id)
+    return [g for g in results if g is not None]
+
+
+def score(name: str, gaps: list[ReplayedGap], ttls: list[float], rule: LeaseTtlRule) -> PolicyScore:
+    """Hit rate, leased token-seconds, recompute and cost of leasing ``ttls[i]`` for gap i."""
+    result = PolicyScore(name)
+    w = rule.settings.kv_cost_weight
+    for gap, ttl in zip(gaps, ttls):
+        r = gap.record
+        result.gaps += 1
+        if r.gap_s is None:
+            held = r.context_tokens * ttl
+        else:
+            held = r.context_tokens * min(r.gap_s, ttl)
+            hit = r.gap_s <= ttl and ttl > 0
+            result.returns += 1
+            key = "+".join(tool_keys(r.tool_names))
+            per_tool = result.by_tool.setdefault(key, [0, 0])
+            per_tool[0] += 1
+            if hit:
+                result.hits += 1
+                per_tool[1] += 1
+            else:
+                result.recomputed_tokens += r.context_tokens
+                result.cost_s += rule.recompute_cost_s(r.context_tokens)
+        result.leased_token_s += held
+        result.cost_s += w * held
+    return result
+
+
+def oracle_ttls(gaps: list[ReplayedGap]) -> list[float]:
+    return [g.record.gap_s if g.record.gap_s is not None else 0.0 for g in gaps]
+
+
+def clairvoyant_ttls(gaps: list[ReplayedGap], rule: LeaseTtlRule) -> list[float]:
+    out = []
+    for g in gaps:
+        r = g.record
+        worth = r.gap_s is not None and rule.hold_cost_rate(r.context_tokens) * r.gap_s < rule.recompute_cost_s(r.context_tokens)
+        out.append(r.gap_s if worth else 0.0)
+    return out
+
+
+def prediction_error(gaps: list[ReplayedGap]) -> dict:
+    """How far the predicted median gap was from the actual one (returned gaps only)."""
+    errors = np.array(
+        [
+            math.log2(max(g.record.gap_s, 1e-3) / max(g.predicted_median_s, 1e-3))
+            for g in gaps
+            if g.record.gap_s is not None and g.predicted_median_s is not None
+        ]
+    )
+    if errors.size == 0:
+        return {"returned_gaps": 0}
+    return {
+        "returned_gaps": int(errors.size),
+        "median_abs_log2_error": round(float(np.median(np.abs(errors))), 3),
+        "within_2x": round(float(np.mean(np.abs(errors) <= 1.0)), 4),
+        "mean_log2_error": round(float(np.mean(errors)), 3),
+    }
+
+
+def evaluate(records: list[GapRecord], settings, fixed_ttls=(2.0, 30.0, 300.0)):
+    """(scores by policy, prediction error summary, replayed gaps) for one trace."""
+    gaps = replay_predictive(records, settings)
+    rule = LeaseTtlRule(settings.policy.model_copy(update={"mode": "predictive"}))
+    scores = [score("off", gaps, [0.0] * len(gaps), rule)]
+    for ttl in fixed_ttls:
+        scores.append(score(f"fixed {ttl:g}s", gaps, [ttl] * len(gaps), rule))
+    scores.append(score("predictive (request)", gaps, [g.ttl_request for g in gaps], rule))
+    scores.append(score("predictive (after turn)", gaps, [g.ttl_after_turn for g in gaps], rule))
+    scores.append(score("clairvoyant", gaps, clairvoyant_ttls(gaps, rule), rule))
+    scores.append(score("oracle (TTL = gap)", gaps, oracle_ttls(gaps), rule))
+    return scores, prediction_error(gaps), gaps
+
+
+def segment_scores(gaps: list[ReplayedGap], settings, segments: int, fixed_ttls=(30.0,)):
+    """Per time segment (equal numbers of gaps, in time order): (label, [scores]) for a few policies."""
+    rule = LeaseTtlRule(settings.policy.model_copy(update={"mode": "predictive"}))
+    ordered = sorted(gaps, key=lambda g: g.record.t)
+    out = []
+    for k in range(segments):
+        part = ordered[k * len(ordered) // segments : (k + 1) * len(ordered) // segments]
+        if not part:
+            continue
+        label = f"{part[0].record.t:.0f}-{part[-1].record.t:.0f} s"
+        scores = [score(f"fixed {ttl:g}s", part, [ttl] * len(part), rule) for ttl in fixed_ttls]
+        scores.append(score("predictive (request)", part, [g.ttl_request for g in part], rule))
+        scores.append(score("predictive (after turn)", part, [g.ttl_after_turn for g in part], rule))
+        scores.append(score("clairvoyant", part, clairvoyant_ttls(part, rule), rule))
+        out.append((label, scores))
+    return out

@@ -1,0 +1,291 @@
+"""``sglang-sidecar simulate``: the thin click layer (imports nothing heavy until a command runs).
+
+    sglang-sidecar simulate --synthetic reference --kv-tokens 173200 --policy lru
+    sglang-sidecar simulate --trace t.jsonl --policy session_ttl --sidecar-policy predictive \\
+        --sidecar-config configs/coding-agent.toml --out benchmarks/results/sim --name sidecar
+    sglang-sidecar simulate --serve --port 30000 --policy session_ttl      # SGLang's HTTP subset
+    sglang-sidecar simulate calibrate benchmarks/results/h200             # refit the cost model
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from datetime import UTC
+from pathlib import Path
+from typing import Any
+
+import click
+
+PRESET_NAMES = ("default", "reference")  # sidecar_tools.benchmarks.traces.PRESETS (not imported here: keep --help fast)
+
+
+def parse_sidecar_policy(value: str) -> dict[str, Any] | None:
+    """none | off | fixed:T | predictive -> settings overrides for [policy] (None = no sidecar)."""
+    v = value.strip().lower()
+    if v in ("none", ""):
+        return None
+    if v == "off":
+        return {"mode": "off"}
+    if v == "predictive":
+        return {"mode": "predictive"}
+    if v.startswith("fixed"):
+        _, _, ttl = v.partition(":")
+        try:
+            return {"mode": "fixed", **({"fixed_ttl": float(ttl)} if ttl else {})}
+        except ValueError:
+            pass
+    raise click.BadParameter(f"expected none, off, fixed:SECONDS or predictive, got {value!r}",
+                             param_hint="--sidecar-policy")
+
+
+def parse_sidecar_set(pairs: tuple[str, ...] | list[str]) -> dict[str, dict[str, Any]]:
+    """``SECTION.FIELD=VALUE`` pairs -> settings overrides (values validated by the settings model)."""
+    out: dict[str, dict[str, Any]] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or not name:
+            raise click.BadParameter(f"expected SECTION.FIELD=VALUE, got {pair!r}", param_hint="--sidecar-set")
+        out.setdefault(section, {})[name.replace("-", "_")] = value.strip()
+    return out
+
+
+def _json_option(value: str | None, hint: str) -> dict[str, Any] | None:
+    if not value:
+        return None
+    try:
+        data = json.loads(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}", param_hint=hint) from None
+    if not isinstance(data, dict):
+        raise click.BadParameter("expected a JSON object", param_hint=hint)
+    return data
+
+
+def _display_path(path: str | Path) -> str:
+    path = Path(path).resolve()
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
+
+def _command_line(ctx: click.Context) -> str:
+    parts = ["sglang-sidecar", "simulate"]
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name)
+        if source in (None, click.core.ParameterSource.DEFAULT):
+            continue
+        value = ctx.params[param.name]
+        opt = param.opts[0] if not (getattr(param, "secondary_opts", None) and value is False) else param.secondary_opts[0]
+        if getattr(param, "is_flag", False):
+            parts.append(opt)
+        elif isinstance(value, (tuple, list)):
+            for v in value:
+                parts += [opt, str(v)]
+        elif value is not None:
+            parts += [opt, str(value)]
+    return shlex.join(parts)
+
+
+@click.group("simulate", invoke_without_command=True, context_settings={"show_default": True})
+@click.option("--trace", "trace_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Trace file (agent-trace-v1 JSONL, TraceLab CSV/JSONL, OpenAI JSONL).")
+@click.option("--synthetic", type=click.Choice(PRESET_NAMES), default="reference",
+              help="Synthetic preset drawn when no --trace is given.")
+@click.option("--seed", type=int, default=None, help="Preset seed (default: the preset's).")
+@click.option("--sessions", type=int, default=None, help="Only the first N sessions / N sessions.")
+@click.option("--turns", type=int, default=None, help="Only the first N rounds / N rounds per session.")
+@click.option("--tool-wait", type=float, default=None, help="Fixed tool gap in s (default: the trace's).")
+@click.option("--kv-tokens", type=int, default=173_200, help="KV pool size in tokens (--max-total-tokens).")
+@click.option("--policy", default="lru",
+              help="--radix-eviction-policy: lru, lfu, fifo, mru, filo, priority, slru, tlru, session_ttl (plugin).")
+@click.option("--policy-config", default=None,
+              help="--radix-eviction-policy-config JSON (tlru default: threshold 4096, next 1024).")
+@click.option("--session-radix-cache", is_flag=True,
+              help="SGLang's --enable-session-radix-cache (session-referenced KV is evicted last).")
+@click.option("--lease-ttl", type=float, default=None,
+              help="Client-side lease on every request (custom_params.session_lease_ttl_s), no sidecar.")
+@click.option("--sidecar-policy", default="none",
+              help="The sidecar's policy in the loop: none (raw /generate), off, fixed:T, predictive.")
+@click.option("--sidecar-config", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Sidecar TOML config ([policy], [admission]); --sidecar-policy/--admission override it.")
+@click.option("--admission/--no-admission", default=None,
+              help="Sidecar admission gate (default: the config's, else off).")
+@click.option("--sidecar-set", "sidecar_set", multiple=True, metavar="SECTION.FIELD=VALUE",
+              help="Override one sidecar setting, e.g. admission.projection_turns=4 (repeatable).")
+@click.option("--max-concurrent-sessions", type=int, default=None, help="Client-side cap on live sessions.")
+@click.option("--close-sessions/--no-close-sessions", default=True, help="/close_session when a session ends.")
+@click.option("--time-limit", type=float, default=None, help="Virtual-time limit of the run (s).")
+@click.option("--calibration", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Cost-model calibration JSON (default: simulator/calibration/h200-qwen3-8b.json).")
+@click.option("--chunked-prefill-size", type=int, default=8192)
+@click.option("--max-prefill-tokens", type=int, default=16384)
+@click.option("--max-running-requests", type=int, default=256)
+@click.option("--context-length", type=int, default=40960)
+@click.option("--name", default=None, help="Run name (file stem). Default: sim-<policy>-<trace>-<gap>.")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Save <out>/<name>.json and <out>/<name>-turns.csv (the benchmark's format).")
+@click.option("--json", "as_json", is_flag=True, help="Print the run's summary as JSON.")
+@click.option("--serve", is_flag=True, help="Serve SGLang's HTTP API with the simulated engine instead.")
+@click.option("--host", default="127.0.0.1", help="--serve: address.")
+@click.option("--port", type=int, default=30000, help="--serve: port.")
+@click.option("--time-scale", type=float, default=1.0, help="--serve: virtual seconds per wall-clock second.")
+@click.option("--model-name", default="simulated-qwen3-8b", help="--serve: served_model_name.")
+@click.option("--tokenizer-path", default=None, help="--serve: tokenizer_path reported by /server_info.")
+@click.option("--log-level", default="warning")
+@click.pass_context
+def simulate(ctx: click.Context, **kw: Any) -> None:
+    """Replay agent sessions against SGLang's real radix cache on the CPU (or --serve its HTTP API)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    import logging
+
+    logging.basicConfig(level=kw["log_level"].upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    policy_config = _json_option(kw["policy_config"], "--policy-config")
+    if policy_config is None and kw["policy"].lower() == "tlru":
+        policy_config = {"threshold": 4096, "next_prompt_estimate": 1024}
+    sidecar_overrides = parse_sidecar_policy(kw["sidecar_policy"])
+    if kw["serve"]:
+        _serve(kw, policy_config)
+        return
+    _replay(ctx, kw, policy_config, sidecar_overrides)
+
+
+def _engine(kw: dict[str, Any], policy_config: dict[str, Any] | None):
+    from sidecar_tools.simulator.costmodel import load_calibration
+    from sidecar_tools.simulator.engine import SimEngine
+
+    cost, _ = load_calibration(kw["calibration"])
+    return SimEngine(kv_tokens=kw["kv_tokens"], policy=kw["policy"], policy_config=policy_config, cost=cost,
+                     chunked_prefill_size=kw["chunked_prefill_size"], max_prefill_tokens=kw["max_prefill_tokens"],
+                     max_running_requests=kw["max_running_requests"], context_length=kw["context_length"],
+                     session_radix_cache=kw["session_radix_cache"])
+
+
+def _serve(kw: dict[str, Any], policy_config: dict[str, Any] | None) -> None:
+    from sidecar_tools.simulator.server import serve
+
+    try:
+        engine = _engine(kw, policy_config)
+    except (ValueError, RuntimeError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"simulated SGLang ({engine.policy}, {engine.kv_tokens} KV tokens, {engine.cost.describe()}) "
+               f"on http://{kw['host']}:{kw['port']}", err=True)
+    serve(engine, kw["host"], kw["port"], time_scale=kw["time_scale"], model_name=kw["model_name"],
+          tokenizer_path=kw["tokenizer_path"])
+
+
+def _replay(ctx: click.Context, kw: dict[str, Any], policy_config: dict[str, Any] | None,
+            sidecar_overrides: dict[str, Any] | None) -> None:
+    from datetime import datetime
+
+    from sidecar_tools.benchmarks.clients import ClientOptions
+    from sidecar_tools.benchmarks.records import save_run
+    from sidecar_tools.benchmarks.replay import load_trace, print_summary
+    from sidecar_tools.simulator.costmodel import DEFAULT_CALIBRATION
+    from sidecar_tools.simulator.replay import SidecarLoop, VirtualReplay
+
+    if kw["lease_ttl"] is not None and sidecar_overrides is not None:
+        raise click.UsageError("--lease-ttl is the client's lease without a sidecar; with --sidecar-policy the sidecar decides")
+    trace = load_trace(kw["trace_path"], kw["synthetic"], kw["seed"], kw["sessions"], kw["turns"], kw["tool_wait"])
+    try:
+        engine = _engine(kw, policy_config)
+    except (ValueError, RuntimeError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from None
+    opts = ClientOptions(lease_ttl_s=kw["lease_ttl"], close_sessions=kw["close_sessions"])
+    replay: VirtualReplay
+    sidecar = None
+    sidecar_info = None
+    if sidecar_overrides is not None or kw["sidecar_config"] or kw["admission"] is not None or kw["sidecar_set"]:
+        from sidecar.settings import SettingsError, load_settings
+
+        overrides = parse_sidecar_set(kw["sidecar_set"])
+        if sidecar_overrides:
+            overrides.setdefault("policy", {}).update(sidecar_overrides)
+        if kw["admission"] is not None:
+            overrides.setdefault("admission", {})["enabled"] = kw["admission"]
+        try:
+            settings = load_settings(kw["sidecar_config"], overrides)
+        except SettingsError as exc:
+            raise click.ClickException(str(exc)) from None
+        sidecar = SidecarLoop(settings, engine.kv_tokens, clock=lambda: replay.clock_now)
+        sidecar_info = {"config": kw["sidecar_config"], "policy": settings.policy.model_dump(),
+                        "admission": settings.admission.model_dump()}
+    replay = VirtualReplay(trace, engine, opts, max_concurrent_sessions=kw["max_concurrent_sessions"],
+                           time_limit_s=kw["time_limit"], sidecar=sidecar)
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    run, records = replay.run()
+    gap = kw["tool_wait"]
+    name = kw["name"] or f"sim-{engine.policy}-{trace.name}-{'trace' if gap is None else f'{gap:g}s'}"
+    run = {"name": name, "started_at": started, "command": _command_line(ctx), **run}
+    run["config"].update({
+        "engine": "simulated", "kv_tokens": engine.kv_tokens, "radix_eviction_policy": engine.policy,
+        "radix_eviction_policy_config": policy_config, "session_radix_cache": engine.session_radix_cache,
+        "chunked_prefill_size": engine.chunked_prefill_size,
+        "max_prefill_tokens": engine.max_prefill_tokens, "sidecar": sidecar_info,
+    })
+    run["simulator"].update({"cost_model": engine.cost.to_dict(),
+                             "calibration": _display_path(kw["calibration"] or DEFAULT_CALIBRATION)})
+    if kw["out"]:
+        path = save_run(kw["out"], name, run, records)
+        click.echo(f"saved {path}", err=True)
+    print_summary(name, run["summary"])
+    if kw["as_json"]:
+        click.echo(json.dumps(run["summary"], indent=1))
+
+
+@simulate.command("calibrate")
+@click.argument("runs", nargs=-1, type=click.Path(exists=True))
+@click.option("--targets", "targets", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="Targets JSON (repeatable). Default without RUNS: simulator/calibration/*-runs.json "
+                   "(the GPU README's table and the H200 session of 2026-11-30).")
+@click.option("--kv-tokens", type=int, default=173_200, help="KV budget of RUNS (unconstrained-*: 600000).")
+@click.option("--fit", "fit_names", default="step_s,prefill_token_s,decode_seq_s,decode_ctx_token_s",
+              help="Coefficients to fit (the rest stay at --start's values).")
+@click.option("--start", "start_path", default=None,
+              help="Calibration JSON to start from, or 'prior' (the physical prior). Default: the committed one.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the new calibration JSON here.")
+@click.option("--max-evals", type=int, default=60, help="Most objective evaluations (each simulates every target).")
+def calibrate_cmd(runs: tuple[str, ...], targets: tuple[str, ...], kv_tokens: int, fit_names: str,
+                  start_path: str | None, out: str | None, max_evals: int) -> None:
+    """Refit the cost model so simulated makespans match GPU runs: RUNS are run JSONs, per-turn CSVs
+    or folders of them (run_matrix.sh output); without RUNS, the targets file (the GPU README table)."""
+    from sidecar_tools.simulator import calibrate
+
+    try:
+        names = [n.strip() for n in fit_names.split(",") if n.strip()]
+        command = shlex.join(["sglang-sidecar", "simulate", "calibrate", *sys.argv[sys.argv.index("calibrate") + 1:]]) \
+            if "calibrate" in sys.argv else None
+        result = calibrate.run_calibration(list(runs), list(targets), kv_tokens, names, start_path, out, max_evals,
+                                           echo=lambda m: click.echo(m, err=True), command=command)
+    except (ValueError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(calibrate.format_table(result["comparison"]))
+    if out:
+        click.echo(f"saved {out}", err=True)
+
+
+@simulate.command("fidelity")
+@click.argument("sim_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--gpu", "gpu_sources", multiple=True, type=click.Path(exists=True),
+              help="GPU run JSONs / folders (run_matrix.sh output) or targets JSONs. "
+                   "Default: the targets files in simulator/calibration/.")
+@click.option("--md", type=click.Path(dir_okay=False), default=None, help="Also write the table here.")
+def fidelity_cmd(sim_dir: str, gpu_sources: tuple[str, ...], md: str | None) -> None:
+    """Compare simulated runs (SIM_DIR) with GPU runs of the same config name
+    (lru-generate-0.5s on the GPU = lru-0.5s simulated): makespan within 20 %, recompute within 5 pts."""
+    from sidecar_tools.simulator import calibrate
+
+    sources = list(gpu_sources) or [str(p) for p in calibrate.DEFAULT_TARGETS]
+    table = calibrate.format_fidelity(calibrate.fidelity_rows(sim_dir, sources))
+    click.echo(table)
+    if md:
+        Path(md).write_text(table)
+
+
+def main() -> None:  # python -m sidecar_tools.simulator.cli
+    sys.exit(simulate())
+
+
+if __name__ == "__main__":
+    main()

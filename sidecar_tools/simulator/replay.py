@@ -1,0 +1,378 @@
+"""Closed-loop trace replay against the simulated engine, in virtual time.
+
+The same loop as ``sidecar_tools.benchmarks.replay`` (every session sends its whole conversation, waits for the
+reply, sleeps its tool gap, appends reply + next tool result), with the same content
+(``sidecar_tools.benchmarks.clients.GenerateClient`` ids), the same records (``sidecar_tools.benchmarks.records.TurnRecord``)
+and the same run JSON / per-turn CSV (``summarize`` / ``save_run``), so ``sidecar_tools.benchmarks.report``
+reads simulated and GPU runs alike. Nothing sleeps: client events and engine steps are ordered
+on one virtual clock.
+
+With a sidecar policy (``SidecarLoop``) the product's own ``sidecar.policy`` object sits in
+front of the engine exactly as in ``sidecar/chat.py``: admission of new sessions (the real
+``AdmissionGate``, its waiters resolved in virtual time), ``on_request``/``lease_ttl`` (the TTL
+travels to the plugin as ``custom_params.session_lease_ttl_s``), ``on_turn_end``,
+``release_admission`` and the once-a-second ``sessions_to_close`` pass.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sidecar_tools.benchmarks.clients import ClientOptions, GenerateClient, IdsConversation
+from sidecar_tools.benchmarks.records import TurnRecord, summarize
+from sidecar_tools.benchmarks.textgen import token_ids
+from sidecar_tools.benchmarks.traces import Session, Trace
+from sidecar_tools.simulator.engine import SimEngine, SimRequest
+
+LEASE_PARAM = "session_lease_ttl_s"
+
+
+# --------------------------------------------------------------------------------------------
+# The sidecar's policy, in process
+
+
+class _VirtualFuture:
+    """Stands in for the asyncio future an AdmissionGate waiter holds (resolved by pump())."""
+
+    def __init__(self, on_grant: Callable[[], None]):
+        self._done = False
+        self._on_grant = on_grant
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancelled(self) -> bool:
+        return False
+
+    def set_result(self, _value: Any) -> None:
+        self._done = True
+        self._on_grant()
+
+    def cancel(self) -> bool:
+        self._done = True
+        return True
+
+
+class SidecarLoop:
+    """``sidecar.policy.build_policy`` driven by virtual time (what ``sidecar/chat.py`` calls)."""
+
+    def __init__(self, settings: Any, kv_tokens: int, clock: Callable[[], float]):
+        from sidecar.policy import EngineCapacity, build_policy
+
+        self.settings = settings
+        self.policy = build_policy(settings, EngineCapacity(max_total_num_tokens=kv_tokens), clock=clock)
+        self.clock = clock
+        self.inflight: dict[str, int] = {}
+        self.rejected = 0
+
+    @property
+    def gate(self) -> Any:
+        return self.policy.gate
+
+    def admit(self, session_id: str, prompt_tokens: int, is_new_session: bool, proceed: Callable[[], None]) -> bool:
+        """``await policy.admit(...)`` without a loop: proceed() now or when the gate lets the
+        session through; False when the queue is full (the sidecar answers 429)."""
+        from sidecar.policy.admission import _Waiter
+
+        policy = self.policy
+        if not (is_new_session and policy.admission_settings.enabled):
+            policy._start_request(session_id, prompt_tokens)
+            proceed()
+            return True
+        # LeasePolicy.admit: prompt + the growth it projects (projection_turns ahead when it has them)
+        growth = policy._projected_growth() if hasattr(policy, "_projected_growth") else policy.growth_tokens
+        tokens = prompt_tokens + growth
+        gate = self.gate
+        if not gate._queue and gate.fits(tokens):  # AdmissionGate.wait, synchronously
+            gate._grant(session_id, prompt_tokens)
+            gate._record("immediate", 0.0)
+            proceed()
+            return True
+        if len(gate._queue) >= gate.settings.max_queue:
+            gate._record("rejected", None)
+            self.rejected += 1
+            return False
+        gate._queue.append(_Waiter(session_id, prompt_tokens, tokens, _VirtualFuture(proceed), self.clock()))
+        gate.pump()
+        return True
+
+    def waiting(self) -> int:
+        return self.gate.queue_length
+
+    def poll_interval(self) -> float:
+        return self.gate.settings.poll_interval
+
+    def start_turn(self, session_id: str, prompt_tokens: int) -> float | None:
+        """on_request + lease_ttl; the TTL to send (None = no lease)."""
+        now = self.clock()
+        self.inflight[session_id] = self.inflight.get(session_id, 0) + 1
+        self.policy.on_request(session_id, prompt_tokens, now)
+        return self.policy.lease_ttl(session_id, prompt_tokens, now)
+
+    def end_turn(self, session_id: str, context_tokens: int, tool_names: list[str], ok: bool) -> None:
+        from sidecar.policy import TurnEnd
+
+        if ok:
+            self.policy.on_turn_end(TurnEnd(session_id, context_tokens, tool_names, self.clock()))
+        self.inflight[session_id] -= 1
+        self.policy.release_admission(session_id)
+
+    def due_closes(self) -> list[str]:
+        """app.close_due_sessions: sessions the policy closes now (not those in flight)."""
+        out = []
+        for sid in self.policy.sessions_to_close(self.clock()):
+            if self.inflight.get(sid):
+                continue
+            self.policy.on_session_closed(sid)
+            out.append(sid)
+        return out
+
+    def client_close(self, session_id: str) -> None:
+        """DELETE /v1/sessions/{id} or /close_session to the sidecar."""
+        self.policy.on_session_closed(session_id)
+
+
+# --------------------------------------------------------------------------------------------
+# The replay
+
+
+@dataclass
+class _SessionState:
+    session: Session
+    conv: IdsConversation
+    client_wait_s: float = 0.0
+    k: int = 0
+    done: bool = False
+
+
+@dataclass(order=True)
+class _Event:
+    t: float
+    seq: int
+    fn: Callable[[float], None] = field(compare=False)
+
+
+class VirtualReplay:
+    def __init__(self, trace: Trace, engine: SimEngine, opts: ClientOptions, *,
+                 max_concurrent_sessions: int | None = None, time_limit_s: float | None = None,
+                 sidecar: SidecarLoop | None = None, stop_on_error: bool = False):
+        self.trace, self.engine, self.opts = trace, engine, opts
+        self.client = GenerateClient(None, "", trace, opts)  # only its content/ids logic is used
+        self.max_concurrent = max_concurrent_sessions
+        self.time_limit_s = time_limit_s
+        self.sidecar = sidecar
+        self.stop_on_error = stop_on_error
+        self.records: list[TurnRecord] = []
+        self._events: list[_Event] = []
+        self._seq = itertools.count()
+        self._active = 0
+        self._queued: list[_SessionState] = []
+        self._states = [_SessionState(s, self.client.start(s)) for s in trace.sessions]
+        self._unfinished = len(self._states)
+        self._rid = itertools.count()
+        self.clock_now = 0.0
+        self._lifecycle_scheduled = False
+        self._poll_scheduled = False
+
+    # ------------------------------------------------------------------ events
+    def _at(self, t: float, fn: Callable[[float], None]) -> None:
+        heapq.heappush(self._events, _Event(t, next(self._seq), fn))
+
+    def now(self) -> float:
+        return self.clock_now
+
+    def run(self) -> tuple[dict[str, Any], list[TurnRecord]]:
+        wall0 = time.monotonic()
+        engine = self.engine
+        for st in self._states:
+            if self.max_concurrent and self._active >= self.max_concurrent:
+                self._queued.append(st)
+            else:
+                self._active += 1
+                self._at(0.0, lambda t, st=st: self._send(st, t))
+        if self.sidecar is not None:
+            self._schedule_lifecycle(0.0)
+        timed_out = False
+        while True:
+            t_ev = self._events[0].t if self._events else None
+            if self.time_limit_s is not None and min(x for x in (engine.now, t_ev) if x is not None) >= self.time_limit_s:
+                timed_out = self._unfinished > 0
+                break
+            if t_ev is not None and t_ev <= engine.now:
+                ev = heapq.heappop(self._events)
+                self.clock_now = ev.t
+                ev.fn(ev.t)
+                continue
+            if self._unfinished == 0 and engine.idle():
+                break
+            if engine.busy:
+                horizon = t_ev
+                if self.time_limit_s is not None:
+                    horizon = self.time_limit_s if horizon is None else min(horizon, self.time_limit_s)
+                engine.step(horizon=horizon)
+                continue
+            wake = engine.next_wakeup()
+            nxt = [x for x in (t_ev, wake) if x is not None]
+            if not nxt:
+                break  # nothing will ever happen again
+            engine.advance_idle(min(nxt))
+        makespan = max(engine.now, self.clock_now) if not timed_out else float(self.time_limit_s)
+        if self._unfinished == 0:
+            makespan = self._last_end
+        for rec in self.records:
+            if rec.end_s is None:
+                rec.error = rec.error or "cancelled: time limit"
+        wall_s = time.monotonic() - wall0
+        return self._run_dict(makespan, timed_out, wall_s), sorted(self.records, key=lambda r: (r.send_s, r.session, r.turn))
+
+    _last_end = 0.0
+
+    # ------------------------------------------------------------------ client side
+    def _send(self, st: _SessionState, t: float) -> None:
+        session, k = st.session, st.k
+        rnd = session.rounds[k]
+        last = k == len(session.rounds) - 1
+        sid = self.client.session_id(session)
+        rec = TurnRecord(session=sid, turn=k, client_wait_s=st.client_wait_s if k == 0 else 0.0,
+                         history_tokens=self.client.history_tokens(st.conv), tool_wait_s=0.0 if last else rnd.tool_wait_s)
+        rec.send_s = t
+        self.records.append(rec)
+        ids = st.conv.ids + self.client.new_ids(st.conv, k, rnd)
+        if self.sidecar is None:
+            self._submit(st, rec, ids, self.opts.lease_ttl_s)
+            return
+        ok = self.sidecar.admit(sid, len(ids), k == 0,
+                                proceed=lambda: self._submit(st, rec, ids, self.sidecar.start_turn(sid, len(ids))))
+        if not ok:
+            rec.error = "http 429: admission queue full"
+            rec.end_s = self.clock_now
+            self._complete(st, rec, ids, [], ok=False)
+        elif self.sidecar.waiting():
+            self._schedule_poll()
+
+    def _submit(self, st: _SessionState, rec: TurnRecord, ids: list[int], ttl: float | None) -> None:
+        session, k = st.session, st.k
+        rnd = session.rounds[k]
+        sid = self.client.session_id(session)
+        custom = {LEASE_PARAM: float(ttl)} if ttl is not None else None
+        sim = SimRequest(
+            rid=f"sim-{next(self._rid)}", input_ids=ids, max_new_tokens=rnd.output_tokens,
+            session_id=sid if self.opts.send_session_id else None, ignore_eos=True, custom_params=custom,
+            output_source=lambda n, key=f"{sid}/o{k}": token_ids(key, n),
+            on_update=lambda s: self._on_reply(st, rec, ids, s),
+        )
+        try:
+            self.engine.submit(sim)
+        except ValueError as exc:
+            rec.error = f"http 400: {exc}"[:300]
+            rec.end_s = self.clock_now
+            self._complete(st, rec, ids, [], ok=False)
+            return
+        self.engine.notify()
+
+    def _on_reply(self, st: _SessionState, rec: TurnRecord, ids: list[int], sim: SimRequest) -> None:
+        if not sim.finished:
+            return
+        self.clock_now = sim.finish_s
+        ok = sim.finish_reason.get("type") != "abort"
+        if sim.first_token_s is not None:
+            rec.ttft_s = sim.first_token_s - rec.send_s
+        rec.end_s = sim.finish_s
+        rec.prompt_tokens = len(ids)
+        rec.cached_tokens = sim.cached_tokens
+        rec.completion_tokens = len(sim.output_ids)
+        if not ok:
+            rec.error = f"aborted: {sim.finish_reason.get('message')}"
+        rec.ok = ok
+        self._complete(st, rec, ids, sim.output_ids, ok)
+
+    def _complete(self, st: _SessionState, rec: TurnRecord, ids: list[int], output: list[int], ok: bool) -> None:
+        session, k = st.session, st.k
+        rnd = session.rounds[k]
+        sid = self.client.session_id(session)
+        if not ok:  # keep the planned shape (sidecar_tools.benchmarks.clients.GenerateClient)
+            output = output + token_ids(f"{sid}/o{k}", rnd.output_tokens)[len(output):]
+        st.conv.ids = ids + list(output)
+        now = self.clock_now
+        if self.sidecar is not None and rec.error != "http 429: admission queue full":
+            tools = [c.get("function", c).get("name", "") for c in ((rnd.reply or {}).get("tool_calls") or [])]
+            self.sidecar.end_turn(sid, len(st.conv.ids), [n for n in tools if n], ok)
+        self._last_end = max(self._last_end, now)
+        last = k == len(session.rounds) - 1
+        if last or (not ok and self.stop_on_error):
+            self._finish_session(st, now)
+            return
+        st.k += 1
+        self._at(now + rnd.tool_wait_s, lambda t: self._send(st, t))
+
+    def _finish_session(self, st: _SessionState, now: float) -> None:
+        st.done = True
+        self._unfinished -= 1
+        sid = self.client.session_id(st.session)
+        if self.opts.close_sessions:
+            if self.sidecar is not None:
+                self.sidecar.client_close(sid)
+            self.engine.close_session(sid)
+            self.engine.notify()
+        self._active -= 1
+        if self._queued:
+            nxt = self._queued.pop(0)
+            nxt.client_wait_s = now
+            self._active += 1
+            self._at(now, lambda t, st=nxt: self._send(st, t))
+
+    # ------------------------------------------------------------------ sidecar housekeeping
+    def _schedule_lifecycle(self, t: float) -> None:
+        def tick(t_now: float) -> None:
+            for sid in self.sidecar.due_closes():
+                self.engine.close_session(sid)
+                self.engine.notify()
+            if self._unfinished:
+                self._at(t_now + 1.0, tick)
+
+        self._at(t + 1.0, tick)
+
+    def _schedule_poll(self) -> None:
+        if self._poll_scheduled:
+            return
+        self._poll_scheduled = True
+
+        def poll(t_now: float) -> None:
+            self._poll_scheduled = False
+            self.sidecar.gate.pump()
+            if self.sidecar.waiting():
+                self._schedule_poll()
+
+        self._at(self.clock_now + self.sidecar.poll_interval(), poll)
+
+    # ------------------------------------------------------------------ report
+    def _run_dict(self, makespan: float, timed_out: bool, wall_s: float) -> dict[str, Any]:
+        engine = self.engine
+        planned = sum(len(s.rounds) for s in self.trace.sessions)
+        summary = summarize(self.records, makespan, planned)
+        summary["timed_out"] = timed_out
+        summary["sessions"] = len(self.trace.sessions)
+        summary["sessions_unfinished"] = self._unfinished
+        counters = {k: round(v, 6) for k, v in engine.counters.items() if v}
+        sim_info: dict[str, Any] = {
+            "wall_s": round(wall_s, 3),
+            "engine_busy_s": {k: round(v, 3) for k, v in engine.busy_s.items()},
+            "lease_metrics": engine.lease_metrics(),
+        }
+        if self.sidecar is not None:
+            sim_info["admission_rejected"] = self.sidecar.rejected
+        return {
+            "summary": summary,
+            "config": {"mode": "simulate", "lease_ttl_s": self.opts.lease_ttl_s,
+                       "close_sessions": self.opts.close_sessions, "send_session_id": self.opts.send_session_id,
+                       "max_concurrent_sessions": self.max_concurrent, "time_limit_s": self.time_limit_s,
+                       "salt": self.opts.salt},
+            "trace": {"name": self.trace.name, "stats": self.trace.stats(), "meta": self.trace.meta},
+            "metrics": {"engine": {"counters": counters, "gauges_after": engine.gauges()}},
+            "simulator": sim_info,
+        }
