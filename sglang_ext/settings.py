@@ -16,8 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 POLICY_NAME = "session_ttl"
 
-# Key in ``sampling_params.custom_params`` that carries a request's lease TTL.
-TTL_PARAM = "session_lease_ttl_s"
+from .wire import LEASE_TTL_PARAM as TTL_PARAM  # noqa: F401  (parse_ttl reads it; manager names it in warnings)
 
 
 class SessionTTLSettings(BaseModel):

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from sidecar import keys
 from sidecar.auth import request_scope
-from sidecar.engine_client import LEASE_PARAM
+from sglang_ext.wire import lease_params
 from sidecar.errors import APIError, invalid_request
 from sidecar.id_text import IdText
 from sidecar.policy import AdmissionRejected, TurnEnd
@@ -53,7 +53,7 @@ def sampling_params(req: ChatCompletionRequest, settings, stop_ids: list[int], l
     if stop_ids and not req.ignore_eos:
         params["stop_token_ids"] = stop_ids
     if lease_ttl is not None:
-        params["custom_params"] = {LEASE_PARAM: float(lease_ttl)}
+        params["custom_params"] = lease_params(lease_ttl)
     return params
 
 

@@ -25,7 +25,6 @@ from sidecar.id_text import IdText
 log = logging.getLogger("sidecar.engine")
 
 # Key under sampling_params.custom_params that carries a session lease to the sglang_ext plugin.
-LEASE_PARAM = "session_lease_ttl_s"
 _FIRST_BACKOFF_S = 0.1  # wait before the first connect retry; it doubles per retry
 
 # Failures of _open that happen before any response byte: safe to send again.

@@ -17,6 +17,7 @@ import aiohttp
 from sidecar_tools.benchmarks.records import TurnRecord
 from sidecar_tools.benchmarks.textgen import TextSource, token_ids
 from sidecar_tools.benchmarks.traces import Round, Session, Trace
+from sglang_ext.wire import lease_params
 
 
 async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[Any]:
@@ -119,7 +120,7 @@ class GenerateClient(BaseClient):
         sampling: dict[str, Any] = {"max_new_tokens": rnd.output_tokens, "ignore_eos": True,
                                     **self.opts.extra_sampling}
         if self.opts.lease_ttl_s is not None:
-            sampling["custom_params"] = {"session_lease_ttl_s": self.opts.lease_ttl_s}
+            sampling["custom_params"] = lease_params(self.opts.lease_ttl_s)
         body: dict[str, Any] = {"input_ids": ids, "sampling_params": sampling, "stream": True}
         if self.opts.send_session_id:
             body["session_id"] = self.session_id(conv.session)

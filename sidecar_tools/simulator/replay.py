@@ -28,8 +28,8 @@ from sidecar_tools.benchmarks.records import TurnRecord, summarize
 from sidecar_tools.benchmarks.textgen import token_ids
 from sidecar_tools.benchmarks.traces import Session, Trace
 from sidecar_tools.simulator.engine import SimEngine, SimRequest
+from sglang_ext.wire import lease_params
 
-LEASE_PARAM = "session_lease_ttl_s"
 
 
 # --------------------------------------------------------------------------------------------
@@ -259,7 +259,7 @@ class VirtualReplay:
         session, k = st.session, st.k
         rnd = session.rounds[k]
         sid = self.client.session_id(session)
-        custom = {LEASE_PARAM: float(ttl)} if ttl is not None else None
+        custom = lease_params(ttl) if ttl is not None else None
         sim = SimRequest(
             rid=f"sim-{next(self._rid)}", input_ids=ids, max_new_tokens=rnd.output_tokens,
             session_id=sid if self.opts.send_session_id else None, ignore_eos=True, custom_params=custom,
