@@ -1,175 +1,160 @@
 #!/usr/bin/env bash
-# Benchmark matrix on the H200 host: one trace, one KV budget, several engine configs x tool gaps.
+# Benchmark matrix on the H200 host: every configuration through the same client path (the official
+# request shape of an OpenAI agent, through the sidecar), one KV budget, several workloads.
 #
-#   bash benchmarks/run_matrix.sh OUT_DIR [CONFIG ...]
+#   bash benchmarks/run_matrix.sh OUT_DIR [RUN ...]          RUN = CONFIG-WORKLOAD
 #
-# Needs the offline kit installed (/tmp/sglang-env.sh, serve.sh; see /work/shared/gpu/README.md).
-# Every (config, gap) run is capped at TIME_LIMIT seconds. SGLang is restarted once per config;
-# between gaps the cache is flushed and session ids/content get a fresh salt.
+# Needs the offline kit installed (/tmp/sglang-env.sh, serve.sh; see /work/shared/gpu/README.md) and
+# this package installed where SGLang finds the plugin (benchmarks/gpu_session.sh setup).
 #
-# Configs (NAME:MODE; MODE = generate -> raw /generate with ids, openai -> /v1/chat/completions):
-#   lru:openai          SGLang default LRU through its own OpenAI API (model dir with a tokenizer)
-#   lru:generate        SGLang default LRU, raw /generate (the README's reference row)
-#   tlru:generate       --radix-eviction-policy tlru (threshold 4096, next 1024)
-#   session-radix:generate   --enable-session-radix-cache + session_id on every request
-#   sidecar:openai      our sidecar + plugin (--radix-eviction-policy session_ttl), default policy
-#   plugin:generate     plugin only, the client sends the lease (LEASE_TTL s) on every /generate
-#   cap12:generate      LRU, client lets only 12 sessions run at once
-#   unconstrained:generate   --max-total-tokens 600000 (nothing evicted: the limit)
+# Configs (what a user would run):
+#   lru            stock SGLang (LRU radix cache), the sidecar as a plain pass-through
+#   hicache        stock SGLang + its host-RAM tier (--enable-hierarchical-cache --hicache-ratio R),
+#                  the sidecar as a plain pass-through: the baseline the product must beat
+#   product        the product as the README starts it: SGLang + HiCache + the session_ttl plugin,
+#                  the sidecar with configs/coding-agent.toml
+#   unconstrained  stock SGLang with 600,000 KV tokens (nothing is evicted: the limit), pass-through
+# Workloads:
+#   0.5s       the reference trace (24 agents x 16 turns), 0.5 s tool gaps, host ratio 3
+#   5s         the reference trace, 5 s tool gaps, host ratio 3
+#   overload   48 agents x 16 turns (twice the reference), 0.5 s gaps, host ratio 1: even the
+#              hierarchy (GPU + host) holds only ~1/3 of the contexts
+# Runs are named CONFIG-WORKLOAD (e.g. hicache-0.5s); SGLang restarts only when the next run needs
+# other engine flags, so keep runs of one engine together. Every run: --flush-cache, a fresh
+# --salt, --close-sessions, a fresh sidecar, TIME_LIMIT seconds at most.
 #
 # Environment knobs (GPU time is scarce: pick a subset):
-#   CONFIGS="lru:openai tlru:generate ..."   (or pass them as arguments after OUT_DIR)
-#   GAPS="0.5 5"        tool waits in seconds (add 60 when there is time)
-#   KV=173200           KV budget in tokens;  TIME_LIMIT=240 per run
-#   TRACE=path          trace file (default: the reference preset, saved to OUT_DIR/trace.jsonl)
-#   LEASE_TTL=10        lease for plugin:generate
-#   SERVE=/tmp/kit/part01/serve.sh   MODEL=/tmp/qwen3-8b   TOK_DIR=/tmp/qwen3-tokenizer
+#   RUNS="hicache-0.5s product-0.5s ..."   (or pass them as arguments after OUT_DIR)
+#   KV=173200  HICACHE_RATIO=3  OVERLOAD_RATIO=1  OVERLOAD_SESSIONS=48  TIME_LIMIT=300
+#   TRACE=path  (the reference trace; default: generated into OUT_DIR/trace.jsonl)
+#   SERVE=/tmp/kit/part01/serve.sh   MODEL=/tmp/qwen3-8b   TOK_DIR=/tmp/qwen3-tok
 #     (SERVE=benchmarks/sim_serve.sh: the simulator stands in for SGLang, a dry run on any machine)
-#   SIDECAR_CONFIG=configs/coding-agent.toml   SIDECAR_PORT=8000   PORT=30000
-#   SIDECAR_ARGS="..."       extra sidecar flags (e.g. --policy-mode fixed --policy-fixed-ttl 10)
-#   PLUGIN_CONFIG='{"max_leased_fraction": 0.8}'   --radix-eviction-policy-config of sidecar/plugin
-#   RUN_TAG=-f10             appended to every run name (variants of one config side by side)
-#   EXTRA_SGLANG_ARGS="..."  appended to every serve.sh call
-#   CUDA_VISIBLE_DEVICES=1 PORT=30001 SIDECAR_PORT=8001  a second matrix on a second GPU at once
+#   PRODUCT_CONFIG=configs/coding-agent.toml   PLUGIN_CONFIG='{"max_leased_fraction": 0.8}'
+#   SIDECAR_ARGS="..."  extra flags of the product's sidecar;  RUN_TAG=-x  appended to run names
+#   EXTRA_SGLANG_ARGS="..."  appended to every SGLang start;  PORT=30000  SIDECAR_PORT=8000
 set -uo pipefail
 
-OUT=${1:?usage: run_matrix.sh OUT_DIR [CONFIG ...]}; shift
+OUT=${1:?usage: run_matrix.sh OUT_DIR [RUN ...]}; shift
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-[ $# -gt 0 ] && CONFIGS="$*"
-CONFIGS=${CONFIGS:-"lru:openai lru:generate tlru:generate session-radix:generate sidecar:openai unconstrained:generate"}
-GAPS=${GAPS:-"0.5 5"}
+[ $# -gt 0 ] && RUNS="$*"
+RUNS=${RUNS:-"hicache-0.5s hicache-5s product-0.5s product-5s unconstrained-0.5s hicache-overload product-overload lru-0.5s"}
 KV=${KV:-173200}
-TIME_LIMIT=${TIME_LIMIT:-240}
-LEASE_TTL=${LEASE_TTL:-10}
+HICACHE_RATIO=${HICACHE_RATIO:-3}
+OVERLOAD_RATIO=${OVERLOAD_RATIO:-1}
+OVERLOAD_SESSIONS=${OVERLOAD_SESSIONS:-48}
+TIME_LIMIT=${TIME_LIMIT:-300}
 SERVE=${SERVE:-/tmp/kit/part01/serve.sh}
 MODEL=${MODEL:-/tmp/qwen3-8b}
-TOK_DIR=${TOK_DIR:-/tmp/qwen3-tokenizer}
-MODEL_TOK=${MODEL_TOK:-/tmp/qwen3-8b-tok}
+TOK_DIR=${TOK_DIR:-/tmp/qwen3-tok}
 PORT=${PORT:-30000}
 SIDECAR_PORT=${SIDECAR_PORT:-8000}
-SIDECAR_CONFIG=${SIDECAR_CONFIG:-$REPO/configs/coding-agent.toml}
-SIDECAR_ARGS=${SIDECAR_ARGS:-}
+PRODUCT_CONFIG=${PRODUCT_CONFIG:-$REPO/configs/coding-agent.toml}
 PLUGIN_CONFIG=${PLUGIN_CONFIG:-'{"max_leased_fraction": 0.8}'}
+SIDECAR_ARGS=${SIDECAR_ARGS:-}
 RUN_TAG=${RUN_TAG:-}
 EXTRA_SGLANG_ARGS=${EXTRA_SGLANG_ARGS:-}
 ENGINE=http://127.0.0.1:$PORT
+PASS_THROUGH=(--policy-mode off --no-admission-enabled)
 
 mkdir -p "$OUT/logs"
 OUT=$(cd "$OUT" && pwd)
 CMDS=$OUT/commands.txt
 # shellcheck disable=SC1091
 [ -f /tmp/sglang-env.sh ] && source /tmp/sglang-env.sh
-export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 cd "$REPO" || exit 1
 
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/logs/matrix.log"; }
 quoted() { printf "%q " "$@"; }
 run() { echo "$(quoted "$@")" >>"$CMDS"; "$@"; }
 
-if [ -z "${TRACE:-}" ]; then
-  TRACE=$OUT/trace.jsonl
-  [ -f "$TRACE" ] || run python3 -m sidecar_tools.benchmarks.traces generate --preset reference --out "$TRACE" >"$OUT/trace-stats.json"
-fi
-
-need_tokenizer() {  # tokenizer folder, and a model folder holding it (for SGLang's OpenAI routes)
-  [ -f "$TOK_DIR/tokenizer.json" ] || run python3 -m sidecar_tools.benchmarks.qwen3_tokenizer "$TOK_DIR" || return 1
-  if [ ! -f "$MODEL_TOK/tokenizer.json" ]; then
-    mkdir -p "$MODEL_TOK" && cp "$MODEL"/*.json "$MODEL_TOK"/ && cp "$TOK_DIR"/* "$MODEL_TOK"/
-  fi
-}
-
-serve() {  # serve.sh [sglang args]; MODEL_DIR selects the model folder
-  log "serve: $*"
-  echo "MODEL=${MODEL_DIR:-$MODEL} PORT=$PORT bash $(quoted "$SERVE" "$@") $EXTRA_SGLANG_ARGS" >>"$CMDS"
-  # shellcheck disable=SC2086
-  MODEL=${MODEL_DIR:-$MODEL} PORT=$PORT bash "$SERVE" "$@" $EXTRA_SGLANG_ARGS
-}
+TRACE=${TRACE:-$OUT/trace.jsonl}
+OVERLOAD_TRACE=$OUT/trace-overload.jsonl
+[ -f "$TRACE" ] || run python3 -m sidecar_tools.benchmarks.traces generate --preset reference --out "$TRACE" >"$OUT/trace-stats.json"
+[ -f "$TOK_DIR/tokenizer.json" ] || run python3 -m sidecar_tools.benchmarks.qwen3_tokenizer "$TOK_DIR" || exit 1
 
 SIDECAR_PID=
 stop_sidecar() {
   [ -n "$SIDECAR_PID" ] || return 0
   kill "$SIDECAR_PID" 2>/dev/null; wait "$SIDECAR_PID" 2>/dev/null; SIDECAR_PID=
 }
-start_sidecar() {  # RUN_NAME (names its log)
-  local cmd=(python3 -m sidecar serve --sglang-url "$ENGINE" --port "$SIDECAR_PORT" --tokenizer "$TOK_DIR")
-  [ -f "$SIDECAR_CONFIG" ] && cmd+=(--config "$SIDECAR_CONFIG")
-  # shellcheck disable=SC2206
-  cmd+=($SIDECAR_ARGS)
+start_sidecar() {  # RUN_NAME SIDECAR_FLAGS...
+  local name=$1; shift
+  local cmd=(python3 -m sidecar serve --sglang-url "$ENGINE" --port "$SIDECAR_PORT" --tokenizer "$TOK_DIR" "$@")
   echo "$(quoted "${cmd[@]}")&" >>"$CMDS"
-  "${cmd[@]}" >"$OUT/logs/sidecar-$1.log" 2>&1 &
+  "${cmd[@]}" >"$OUT/logs/sidecar-$name.log" 2>&1 &
   SIDECAR_PID=$!
-  for _ in $(seq 60); do
-    curl -s -o /dev/null "127.0.0.1:$SIDECAR_PORT/health" && return 0  # any HTTP answer: it listens
+  for _ in $(seq 90); do
+    curl -sf -o /dev/null "127.0.0.1:$SIDECAR_PORT/health" && return 0
     kill -0 "$SIDECAR_PID" 2>/dev/null || break
     sleep 1
   done
-  log "sidecar did not come up; last lines:"; tail -20 "$OUT/logs/sidecar-$1.log"; return 1
+  log "sidecar did not come up; last lines:"; tail -20 "$OUT/logs/sidecar-$name.log"; return 1
 }
-trap stop_sidecar EXIT
+stop_engine() { [ -f "/tmp/sglang-$PORT.pid" ] && kill -- "-$(cat "/tmp/sglang-$PORT.pid")" 2>/dev/null; }
+trap 'stop_sidecar; stop_engine' EXIT
 
 plugin_installed() {  # SGLang finds plugins through the sglang.srt.plugins entry point
   python3 -c 'import importlib.metadata as m, sys; sys.exit(not any(e.name == "session_ttl" for e in m.entry_points(group="sglang.srt.plugins")))'
 }
 
-stop_engine() { [ -f "/tmp/sglang-$PORT.pid" ] && kill -- "-$(cat "/tmp/sglang-$PORT.pid")" 2>/dev/null; }
-
-for cfg in $CONFIGS; do
-  name=${cfg%%:*}; mode=${cfg##*:}
-  [ "$mode" = "$cfg" ] && mode=generate
-  url=$ENGINE; args=(); MODEL_DIR=$MODEL; kv=$KV; sglang=()
-  case $name in
-    lru) ;;
-    tlru) sglang=(--radix-eviction-policy tlru --radix-eviction-policy-config '{"threshold": 4096, "next_prompt_estimate": 1024}') ;;
-    session-radix) sglang=(--enable-session-radix-cache) ;;
-    sidecar|plugin) sglang=(--radix-eviction-policy session_ttl --radix-eviction-policy-config "$PLUGIN_CONFIG") ;;
-    cap12) args=(--max-concurrent-sessions 12) ;;
-    cap8) args=(--max-concurrent-sessions 8) ;;
-    unconstrained) kv=600000 ;;
-    *) log "unknown config $cfg; skipped"; continue ;;
+ENGINE_FLAGS_UP=  # the flags the running SGLang was started with
+for spec in $RUNS; do
+  config=${spec%%-*}; workload=${spec#*-}
+  trace=$TRACE; gap=0.5; ratio=$HICACHE_RATIO; kv=$KV
+  case $workload in
+    0.5s) ;;
+    5s) gap=5 ;;
+    overload)
+      ratio=$OVERLOAD_RATIO
+      [ -f "$OVERLOAD_TRACE" ] || run python3 -m sidecar_tools.benchmarks.traces generate --preset reference \
+        --sessions "$OVERLOAD_SESSIONS" --out "$OVERLOAD_TRACE" >"$OUT/trace-overload-stats.json"
+      trace=$OVERLOAD_TRACE ;;
+    *) log "unknown workload in $spec; skipped"; continue ;;
   esac
-  [ "$name" = plugin ] && args+=(--lease-ttl "$LEASE_TTL")
-  if [ "${sglang[1]:-}" = session_ttl ] && ! plugin_installed; then
-    log "WARNING: no session_ttl entry point; install the plugin into SGLang's env first, e.g."
-    log "  pip install --no-deps --no-build-isolation --target /tmp/site $REPO"
-  fi
-  if [ "$mode" = openai ]; then
-    need_tokenizer || { log "no tokenizer; $cfg skipped"; continue; }
-    args+=(--tokenizer "$TOK_DIR")
-    if [ "$name" = sidecar ]; then
-      url=http://127.0.0.1:$SIDECAR_PORT; args+=(--engine-url "$ENGINE")
-    else
-      MODEL_DIR=$MODEL_TOK; args+=(--body-session-id)
+  hicache=(--enable-hierarchical-cache --hicache-ratio "$ratio")
+  sidecar=("${PASS_THROUGH[@]}")
+  case $config in
+    lru) engine=() ;;
+    hicache) engine=("${hicache[@]}") ;;
+    product)
+      engine=("${hicache[@]}" --radix-eviction-policy session_ttl --radix-eviction-policy-config "$PLUGIN_CONFIG")
+      # shellcheck disable=SC2206
+      sidecar=(--config "$PRODUCT_CONFIG" $SIDECAR_ARGS)
+      plugin_installed || log "WARNING: no session_ttl entry point in SGLang's environment (gpu_session.sh setup)" ;;
+    unconstrained) engine=(); kv=600000 ;;
+    *) log "unknown config in $spec; skipped"; continue ;;
+  esac
+  flags="--max-total-tokens $kv ${engine[*]} $EXTRA_SGLANG_ARGS"
+  if [ "$flags" != "$ENGINE_FLAGS_UP" ]; then
+    log "serve: $flags"
+    echo "MODEL=$MODEL PORT=$PORT bash $(quoted "$SERVE" --max-total-tokens "$kv" "${engine[@]}") $EXTRA_SGLANG_ARGS" >>"$CMDS"
+    # shellcheck disable=SC2086
+    if ! MODEL=$MODEL PORT=$PORT bash "$SERVE" --max-total-tokens "$kv" "${engine[@]}" $EXTRA_SGLANG_ARGS; then
+      log "SGLang did not start for $spec; skipped"; ENGINE_FLAGS_UP=
+      cp "/tmp/sglang-$PORT.log" "$OUT/logs/sglang-$spec.log" 2>/dev/null; continue
     fi
+    ENGINE_FLAGS_UP=$flags
   fi
-  if ! serve --max-total-tokens "$kv" "${sglang[@]}"; then
-    log "SGLang did not start for $cfg; skipped"; cp "/tmp/sglang-$PORT.log" "$OUT/logs/sglang-$name-$mode.log" 2>/dev/null
-    continue
-  fi
-  for gap in $GAPS; do
-    run_name="$name-$mode-${gap}s$RUN_TAG"
-    # a fresh sidecar per run: what its predictor learned at one gap must not carry into the next
-    if [ "$name" = sidecar ]; then start_sidecar "$run_name" || { stop_sidecar; continue; }; fi
-    log "run $run_name"
-    run timeout $((TIME_LIMIT + 120)) python3 -m sidecar_tools.benchmarks.replay --mode "$mode" --url "$url" \
-      --trace "$TRACE" --tool-wait "$gap" --time-limit "$TIME_LIMIT" --close-sessions --flush-cache \
-      --salt "$run_name" --name "$run_name" --out "$OUT" "${args[@]}" 2>&1 | tee -a "$OUT/logs/matrix.log"
-    if [ "$name" = sidecar ]; then
-      curl -s "127.0.0.1:$SIDECAR_PORT/metrics" >"$OUT/logs/sidecar-metrics-$run_name.txt"
-    fi
-    stop_sidecar
-  done
-  cp "/tmp/sglang-$PORT.log" "$OUT/logs/sglang-$name-$mode$RUN_TAG.log" 2>/dev/null
+  name=$spec$RUN_TAG
+  # a fresh sidecar per run: what its predictor learned in one run must not carry into the next
+  start_sidecar "$name" "${sidecar[@]}" || { stop_sidecar; continue; }
+  log "run $name"
+  run timeout $((TIME_LIMIT + 120)) python3 -m sidecar_tools.benchmarks.replay --mode openai \
+    --url "http://127.0.0.1:$SIDECAR_PORT" --engine-url "$ENGINE" --tokenizer "$TOK_DIR" \
+    --trace "$trace" --tool-wait "$gap" --time-limit "$TIME_LIMIT" --close-sessions --flush-cache \
+    --salt "$name" --name "$name" --out "$OUT" 2>&1 | tee -a "$OUT/logs/matrix.log"
+  curl -s "127.0.0.1:$SIDECAR_PORT/metrics" >"$OUT/logs/sidecar-metrics-$name.txt"
+  curl -s "$ENGINE/metrics" >"$OUT/logs/engine-metrics-$name.txt"
+  stop_sidecar
+  cp "/tmp/sglang-$PORT.log" "$OUT/logs/sglang-$config-$workload.log" 2>/dev/null
 done
 stop_engine
 
-# One table + plot per gap (speed-up vs the first config at that gap), and one over everything.
-first_cfg=${CONFIGS%% *}; first_name=${first_cfg%%:*}; first_mode=${first_cfg##*:}
-[ "$first_mode" = "$first_cfg" ] && first_mode=generate
-for gap in $GAPS; do
-  ls "$OUT"/*-"${gap}"s*.json >/dev/null 2>&1 || continue
-  run python3 -m sidecar_tools.benchmarks.report "$OUT"/*-"${gap}"s*.json --baseline "$first_name-$first_mode-${gap}s" \
-    --md "$OUT/table-${gap}s.md" --png "$OUT/plot-${gap}s.png" \
-    --title "agent-trace replay, ${gap} s tool wait, KV $KV tokens" | tee -a "$OUT/logs/matrix.log"
+# One table + plot per workload (speed-up against stock HiCache there), and one over everything.
+for workload in 0.5s 5s overload; do
+  ls "$OUT"/*-"$workload"$RUN_TAG.json >/dev/null 2>&1 || continue
+  run python3 -m sidecar_tools.benchmarks.report "$OUT"/*-"$workload"$RUN_TAG.json --baseline "hicache-$workload$RUN_TAG" \
+    --md "$OUT/table-$workload.md" --png "$OUT/plot-$workload.png" \
+    --title "agent-trace replay, $workload, GPU KV $KV tokens" | tee -a "$OUT/logs/matrix.log"
 done
-run python3 -m sidecar_tools.benchmarks.report "$OUT" --md "$OUT/table.md" --png "$OUT/plot.png" \
-  --title "agent-trace replay, KV $KV tokens" >/dev/null
