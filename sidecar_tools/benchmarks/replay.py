@@ -1,8 +1,8 @@
 """Closed-loop agent-trace replay against SGLang /generate or an OpenAI-compatible endpoint.
 
 Every session runs as its own task: send the whole conversation, stream the reply, wait the tool
-gap, append reply + next tool result, repeat. All sessions start at once (optionally at most K at
-a time). Saves ``<out>/<name>.json`` (config, summary, engine counter deltas) and
+gap, append reply + next tool result, repeat. A session starts at its ``start_s`` after the run
+starts (optionally waiting for one of K client-side slots). Saves ``<out>/<name>.json`` (config, summary, engine counter deltas) and
 ``<out>/<name>-turns.csv``.
 
     python -m sidecar_tools.benchmarks.replay --mode generate --preset reference --url http://127.0.0.1:30000 \\
@@ -34,6 +34,8 @@ _METRIC_NOISE = ("python_", "process_")
 
 async def run_session(client: Any, session: Session, records: list[TurnRecord],
                       slots: asyncio.Semaphore | None, stop_on_error: bool) -> None:
+    if session.start_s > client.now():
+        await asyncio.sleep(session.start_s - client.now())
     queued = time.monotonic()
     async with slots if slots is not None else contextlib.nullcontext():
         client_wait = time.monotonic() - queued

@@ -85,6 +85,20 @@ async def test_client_side_session_cap(make_engine):
     assert run["summary"]["ttft_with_client_wait_p99_s"] > run["summary"]["ttft_p99_s"]
 
 
+async def test_sessions_start_at_their_offsets_and_then_wait_for_a_slot(make_engine):
+    _, url = await make_engine(token_delay_s=0.01)
+    rounds = [Round(append_tokens=20, output_tokens=10, tool_wait_s=0.05), Round(append_tokens=5, output_tokens=10)]
+    trace = Trace(name="t", sessions=[Session(session_id="a", rounds=rounds),
+                                      Session(session_id="b", start_s=1.0, rounds=rounds),
+                                      Session(session_id="c", start_s=1.05, rounds=rounds)])
+    run, records = await replay(trace, url=url, mode="generate", opts=ClientOptions(), max_concurrent_sessions=1)
+    first = {r.session: r for r in records if r.turn == 0}
+    assert first["a"].send_s < 0.5
+    assert first["b"].send_s >= 1.0 and first["b"].client_wait_s < 0.5  # the wait counts from its start, a is done
+    assert first["c"].send_s >= first["b"].end_s and first["c"].client_wait_s > 0  # arrived while b held the slot
+    assert run["summary"]["turns_ok"] == 6
+
+
 async def test_openai_mode_messages_headers_usage(make_engine):
     engine, url = await make_engine()
     trace = small_trace(sessions=2, turns=3)
