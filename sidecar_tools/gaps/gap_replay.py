@@ -97,7 +97,7 @@ def format_report(scores, error: dict, header: str) -> str:
 @click.option("--segments", default=0, show_default=True, help="Also break hit rate and cost down by this many time segments.")
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), help="Also write the results as JSON.")
 def gap_replay(trace, synthetic, sessions, seed, regime_change_at, slowdown, write_trace, config_file, sets, fixed_ttls, segments, json_out):
-    """Replay tool gaps (gap JSONL, or any benchmark trace: agent-trace-v1, TraceLab CSV/JSONL, OpenAI JSONL) through the return-time predictor."""
+    """Replay tool gaps (gap JSONL, or any trace file: agent-trace-v1, TraceLab round trace or CSV export, LMCache agent trace, OpenAI chats) through the return-time predictor."""
     if (trace is None) == (synthetic is None):
         raise click.UsageError("give either a TRACE file or --synthetic WORKLOAD")
     try:
@@ -121,13 +121,11 @@ def gap_replay(trace, synthetic, sessions, seed, regime_change_at, slowdown, wri
     scores, error, gaps = evaluate(records, settings, fixed)
     n_sessions = len({r.session_id for r in records})
     never = sum(r.gap_s is None for r in records)
-    last = sum(r.gap_s is None for r in {r.session_id: r for r in records}.values())  # records are in time order
     zero = sum(r.gap_s == 0 for r in records)
     p = settings.policy
     header = (
         f"trace: {source}\n"
-        f"{len(records)} gaps from {n_sessions} sessions ({never} never came back, {last} of them a session's "
-        f"last turn; {zero} of 0 s); "
+        f"{len(records)} gaps from {n_sessions} sessions ({never} never came back, {zero} of 0 s); "
         f"policy: ttl [{p.min_ttl:g}, {p.max_ttl:g}] s, kv_cost_weight {p.kv_cost_weight:g}, "
         f"recompute {p.recompute_s_per_token:g} s/token (quadratic at {p.recompute_quadratic_tokens}), "
         f"half-life {p.half_life_obs:g} obs"

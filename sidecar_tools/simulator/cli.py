@@ -89,7 +89,7 @@ def _command_line(ctx: click.Context) -> str:
 
 @click.group("simulate", invoke_without_command=True, context_settings={"show_default": True})
 @click.option("--trace", "trace_path", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Trace file (agent-trace-v1 JSONL, TraceLab CSV/JSONL, OpenAI JSONL).")
+              help="Trace file: agent-trace-v1, TraceLab round trace or CSV export, LMCache agent trace, OpenAI chats.")
 @click.option("--synthetic", type=click.Choice(PRESET_NAMES), default="reference",
               help="Synthetic preset drawn when no --trace is given.")
 @click.option("--seed", type=int, default=None, help="Preset seed (default: the preset's).")

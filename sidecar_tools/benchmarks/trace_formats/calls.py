@@ -124,18 +124,11 @@ def _session_segments(session: RecordedSession, start_t: float | None, offset: f
             notes.shorter_prompts += 1
             notes.max_overstated_share = max(notes.max_overstated_share, -append / max(1, call.prompt_tokens or 1))
             append = 0
-        prompt = seg.history + append
-        seg.rounds.append(Round(
-            append_tokens=append,
-            output_tokens=max(1, call.output_tokens),
-            prefix_len=call.prefix_len,
-            tool_names=call.tool_names,
-            service_s=_service(call),
-            messages=call.messages,
-            reply=call.reply,
-        ))
-        seg.history = prompt + max(1, call.output_tokens)
-        service = _service(call)
+        service, output = _service(call), max(1, call.output_tokens)
+        seg.rounds.append(Round(append_tokens=append, output_tokens=output, prefix_len=call.prefix_len,
+                                tool_names=call.tool_names, service_s=service, messages=call.messages,
+                                reply=call.reply))
+        seg.history += append + output
         clock += (service if service is not None else ASSUMED_CALL_S) + (call.gap_after_s or 0.0)
     return [Session(session_id=s.session_id, start_s=s.start_s, rounds=s.rounds) for s in segments]
 

@@ -168,6 +168,16 @@ def test_tracelab_csv_export_prompt_is_prefix_plus_input(tmp_path):
     assert all(r.tool_names is None and r.service_s is None for s in trace.sessions for r in s.rounds)
 
 
+def test_a_csv_compaction_starts_a_new_context_after_the_recorded_gap(tmp_path):
+    path = tmp_path / "compacted.csv"
+    path.write_text("id,input_len,output_len,arrival_time,round_idx,tool_wait_after_ms,prefix_len\n"
+                    "7,10000,100,4000.0,0,2000.0,0\n7,1500,50,4000.0,1,0.0,500\n")
+    old, new = read_trace(path).sessions
+    assert (old.session_id, new.session_id) == ("7", "7.ctx2") and old.rounds[0].tool_wait_s == 0.0
+    # no timestamps in the export: the call is assumed to take 1 s, then the recorded 2 s gap
+    assert (old.start_s, new.start_s) == (4.0, 7.0) and _prompt_lengths(new) == [2000]
+
+
 def test_tracelab_replayer_csv_and_json_rows(tmp_path):
     csv_path = tmp_path / "session_workload.csv"
     csv_path.write_text("session_id,round_idx,prefix_len,input_len,output_len,tool_wait_after_ms\n"

@@ -181,7 +181,7 @@ def test_sessions_that_never_return_have_no_hit_rate(tmp_path):
     assert all(p["hit_rate"] is None and p["recomputed_tokens"] == 0 for p in report["policies"])
     by_name = {p["policy"]: p for p in report["policies"]}
     assert by_name["fixed 30s"]["leased_token_s"] == 2 * 1000 * 30 and by_name["oracle (TTL = gap)"]["leased_token_s"] == 0
-    assert "2 never came back, 2 of them a session's last turn" in result.output
+    assert "2 never came back, 0 of 0 s" in result.output
     assert next(line for line in result.output.splitlines() if line.startswith("fixed 30s")).split()[2] == "-"
 
 
