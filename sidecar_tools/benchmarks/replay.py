@@ -144,9 +144,13 @@ async def replay(trace: Trace, *, url: str, mode: str, opts: ClientOptions, engi
 
 def load_trace(trace_path: str | None, preset: str, seed: int | None, sessions: int | None,
                turns: int | None, tool_wait: float | None) -> Trace:
-    """A trace file, or a preset drawn on the spot; ``tool_wait`` fixes every gap."""
+    """The trace of the replay CLIs: a trace file, or a preset drawn on the spot; ``tool_wait`` fixes
+    every gap. A file no reader can read ends the command with the reader's message."""
     if trace_path:
-        trace = read_any(trace_path)
+        try:
+            trace = read_any(trace_path)
+        except (ValueError, OSError) as exc:
+            raise click.ClickException(str(exc)) from None
         if sessions or turns:
             trace = trace.head(sessions, turns)
     else:

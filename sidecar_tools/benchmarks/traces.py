@@ -358,21 +358,17 @@ def build_config(preset: str, seed: int | None = None, sessions: int | None = No
 def convert_cmd(source: str, out: str, name: str | None, source_label: str | None, tokenizer: str,
                 start_spacing: float | None, default_tool_wait: float, reply_tokens_per_s: float | None) -> None:
     """Read a recorded trace in any known format (see trace_formats) and save ours."""
-    from sidecar_tools.benchmarks.trace_formats import TraceFormatError, detect_format
+    from sidecar_tools.benchmarks.trace_formats import detect_format
 
-    try:
-        fmt = detect_format(source)
-        trace = read_any(source, tokenizer=tokenizer, start_spacing_s=start_spacing,
-                         default_tool_wait_s=default_tool_wait, reply_tokens_per_s=reply_tokens_per_s)
-    except (TraceFormatError, OSError) as exc:
-        raise click.ClickException(str(exc)) from None
+    trace = _read_or_fail(source, tokenizer=tokenizer, start_spacing_s=start_spacing,
+                          default_tool_wait_s=default_tool_wait, reply_tokens_per_s=reply_tokens_per_s)
     if name:
         trace = trace.model_copy(update={"name": name})
     if source_label:
         trace.meta["source"] = source_label
     save_jsonl(trace, out)
-    click.echo(f"read {source} as {fmt}" + (f" (tokens: {trace.meta['token_counter']})" if "token_counter" in trace.meta
-                                           else "") + f"; gaps: {trace.meta.get('gaps', 'as saved')}", err=True)
+    tokens = f" (tokens: {trace.meta['token_counter']})" if "token_counter" in trace.meta else ""
+    click.echo(f"read {source} as {detect_format(source)}{tokens}; gaps: {trace.meta.get('gaps', 'as saved')}", err=True)
     click.echo(json.dumps({**trace.stats(), "notes": trace.meta.get("notes", {})}, indent=1))
 
 
@@ -380,7 +376,15 @@ def convert_cmd(source: str, out: str, name: str | None, source_label: str | Non
 @click.argument("source", type=click.Path(exists=True, dir_okay=False))
 def stats_cmd(source: str) -> None:
     """Token and gap statistics of a trace file in any known format."""
-    click.echo(json.dumps(read_any(source).stats(), indent=1))
+    click.echo(json.dumps(_read_or_fail(source).stats(), indent=1))
+
+
+def _read_or_fail(source: str, **kwargs: Any) -> Trace:
+    """``read_any``, a file it cannot read ending the command with its message."""
+    try:
+        return read_any(source, **kwargs)
+    except (ValueError, OSError) as exc:  # TraceFormatError, or a bad agent-trace-v1 line
+        raise click.ClickException(str(exc)) from None
 
 
 if __name__ == "__main__":

@@ -38,22 +38,21 @@ CSV_COLUMNS = ("round_idx", "prefix_len", "input_len", "output_len", "tool_wait_
 
 
 def read_tracelab_rounds(path: Path, start_spacing_s: float | None = None) -> Trace:
-    grouped: dict[str, list[tuple[int, int, dict[str, Any]]]] = {}
+    grouped: dict[str, list[tuple[int, int, str, dict[str, Any]]]] = {}
     for order, (line, row) in enumerate(json_records(path)):
         where = f"{path}:{line}"
         require(row, ("session_id", "round_index", "output_tokens"), where, ROUNDS)
-        grouped.setdefault(str(row["session_id"]), []).append((int(number(row, "round_index", where, ROUNDS)), order,
-                                                               {**row, "_where": where}))
+        index = int(number(row, "round_index", where, ROUNDS))
+        grouped.setdefault(str(row["session_id"]), []).append((index, order, where, row))
     sessions = []
     for sid, rows in grouped.items():
         rows.sort(key=lambda r: (r[0], r[1]))
-        sessions.append(RecordedSession(sid, [_round_call(row) for _, _, row in rows]))
+        sessions.append(RecordedSession(sid, [_round_call(row, where) for _, _, where, row in rows]))
     meta = {"source": str(path), "reader": "tracelab-rounds", "gaps": "wall clock: last reply event to the next request"}
     return build_trace(path.stem, sessions, meta, start_spacing_s=start_spacing_s)
 
 
-def _round_call(row: dict[str, Any]) -> RecordedCall:
-    where = row["_where"]
+def _round_call(row: dict[str, Any], where: str) -> RecordedCall:
     if row.get("input_tokens_total") is not None:
         prompt = number(row, "input_tokens_total", where, ROUNDS)
     else:

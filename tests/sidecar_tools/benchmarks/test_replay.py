@@ -167,3 +167,13 @@ def test_cli_writes_json_and_csv(tmp_path):
                               "--turns 2 --tool-wait 0.0 --lease-ttl 5.0 --close-sessions --name cli --out " + str(tmp_path))
     assert run["config"]["lease_ttl_s"] == 5.0 and run["trace"]["name"] == "reference"
     assert (tmp_path / "cli-turns.csv").read_text().count("\n") == 5
+
+
+def test_cli_names_a_trace_it_cannot_read(tmp_path):
+    from click.testing import CliRunner
+
+    bad = tmp_path / "round_trace.jsonl"
+    bad.write_text('{"session_id": "s", "round_index": 0, "output_tokens": 5}\n')
+    result = CliRunner().invoke(replay_cli, ["--trace", str(bad), "--out", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "TraceLab round trace" in result.output and "'prefix_tokens'" in result.output
