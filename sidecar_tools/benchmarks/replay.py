@@ -1,8 +1,8 @@
 """Closed-loop agent-trace replay against SGLang /generate or an OpenAI-compatible endpoint.
 
 Every session runs as its own task: send the whole conversation, stream the reply, wait the tool
-gap, append reply + next tool result, repeat. All sessions start at once (optionally at most K at
-a time). Saves ``<out>/<name>.json`` (config, summary, engine counter deltas) and
+gap, append reply + next tool result, repeat. A session starts at its ``start_s`` after the run
+starts (optionally waiting for one of K client-side slots). Saves ``<out>/<name>.json`` (config, summary, engine counter deltas) and
 ``<out>/<name>-turns.csv``.
 
     python -m sidecar_tools.benchmarks.replay --mode generate --preset reference --url http://127.0.0.1:30000 \\
@@ -34,6 +34,8 @@ _METRIC_NOISE = ("python_", "process_")
 
 async def run_session(client: Any, session: Session, records: list[TurnRecord],
                       slots: asyncio.Semaphore | None, stop_on_error: bool) -> None:
+    if session.start_s > client.now():
+        await asyncio.sleep(session.start_s - client.now())
     queued = time.monotonic()
     async with slots if slots is not None else contextlib.nullcontext():
         client_wait = time.monotonic() - queued
@@ -142,9 +144,13 @@ async def replay(trace: Trace, *, url: str, mode: str, opts: ClientOptions, engi
 
 def load_trace(trace_path: str | None, preset: str, seed: int | None, sessions: int | None,
                turns: int | None, tool_wait: float | None) -> Trace:
-    """A trace file, or a preset drawn on the spot; ``tool_wait`` fixes every gap."""
+    """The trace of the replay CLIs: a trace file, or a preset drawn on the spot; ``tool_wait`` fixes
+    every gap. A file no reader can read ends the command with the reader's message."""
     if trace_path:
-        trace = read_any(trace_path)
+        try:
+            trace = read_any(trace_path)
+        except (ValueError, OSError) as exc:
+            raise click.ClickException(str(exc)) from None
         if sessions or turns:
             trace = trace.head(sessions, turns)
     else:
@@ -183,7 +189,7 @@ def print_summary(name: str, s: dict[str, Any]) -> None:
 @click.option("--url", default="http://127.0.0.1:30000", help="SGLang (generate/openai) or sidecar (openai) base URL.")
 @click.option("--mode", type=click.Choice(["generate", "openai"]), default="generate")
 @click.option("--trace", "trace_path", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Trace file (our JSONL, TraceLab CSV/JSONL, OpenAI JSONL). Default: draw --preset.")
+              help="Trace file (ours, TraceLab round trace or CSV export, LMCache, OpenAI chats). Default: draw --preset.")
 @click.option("--preset", type=click.Choice(sorted(PRESETS)), default="reference")
 @click.option("--seed", type=int, default=None, help="Preset seed (default: the preset's).")
 @click.option("--sessions", type=int, default=None, help="Only the first N sessions / N sessions.")

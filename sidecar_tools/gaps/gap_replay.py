@@ -26,13 +26,17 @@ def _parse_overrides(pairs: tuple[str, ...]) -> dict[str, dict[str, str]]:
     return overrides
 
 
+def _share(value: float | None, width: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.1%}"
+
+
 def format_segments(segments) -> str:
     """Hit rate and cost per time segment: shows leases adapting after a regime change."""
     names = [s.name for s in segments[0][1]]
     lines = ["", "by time segment: hit rate / cost (s)"]
     lines.append(f"{'segment':<18}" + "".join(f" {n:>24}" for n in names))
     for label, scores in segments:
-        cells = "".join(f" {f'{s.hit_rate:.1%} / {s.cost_s:.0f}':>24}" for s in scores)
+        cells = "".join(f" {f'{_share(s.hit_rate, 0)} / {s.cost_s:.0f}':>24}" for s in scores)
         lines.append(f"{label:<18}{cells}")
     return "\n".join(lines)
 
@@ -44,10 +48,10 @@ def format_report(scores, error: dict, header: str) -> str:
         f"{'policy':<24} {'hit rate':>8} {'misses':>7} {'leased token-s':>15} {'x oracle':>9} "
         f"{'recomputed tok':>15} {'cost (s)':>9}"
     )
-    for s in scores:
-        ratio = s.leased_token_s / oracle.leased_token_s if oracle.leased_token_s else float("nan")
+    for s in scores:  # x oracle: "-" when the oracle leases nothing (every gap 0 or never back)
+        ratio = f"{s.leased_token_s / oracle.leased_token_s:>9.3f}" if oracle.leased_token_s else f"{'-':>9}"
         lines.append(
-            f"{s.name:<24} {s.hit_rate:>8.1%} {s.returns - s.hits:>7d} {s.leased_token_s:>15.4g} {ratio:>9.3f} "
+            f"{s.name:<24} {_share(s.hit_rate, 8)} {s.returns - s.hits:>7d} {s.leased_token_s:>15.4g} {ratio} "
             f"{s.recomputed_tokens:>15,d} {s.cost_s:>9.1f}"
         )
     lines.append("")
@@ -93,7 +97,7 @@ def format_report(scores, error: dict, header: str) -> str:
 @click.option("--segments", default=0, show_default=True, help="Also break hit rate and cost down by this many time segments.")
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), help="Also write the results as JSON.")
 def gap_replay(trace, synthetic, sessions, seed, regime_change_at, slowdown, write_trace, config_file, sets, fixed_ttls, segments, json_out):
-    """Replay tool gaps (gap JSONL, or any benchmark trace: agent-trace-v1, TraceLab CSV/JSONL, OpenAI JSONL) through the return-time predictor."""
+    """Replay tool gaps (gap JSONL, or any trace file: agent-trace-v1, TraceLab round trace or CSV export, LMCache agent trace, OpenAI chats) through the return-time predictor."""
     if (trace is None) == (synthetic is None):
         raise click.UsageError("give either a TRACE file or --synthetic WORKLOAD")
     try:
@@ -117,10 +121,11 @@ def gap_replay(trace, synthetic, sessions, seed, regime_change_at, slowdown, wri
     scores, error, gaps = evaluate(records, settings, fixed)
     n_sessions = len({r.session_id for r in records})
     never = sum(r.gap_s is None for r in records)
+    zero = sum(r.gap_s == 0 for r in records)
     p = settings.policy
     header = (
         f"trace: {source}\n"
-        f"{len(records)} gaps from {n_sessions} sessions ({never} never came back); "
+        f"{len(records)} gaps from {n_sessions} sessions ({never} never came back, {zero} of 0 s); "
         f"policy: ttl [{p.min_ttl:g}, {p.max_ttl:g}] s, kv_cost_weight {p.kv_cost_weight:g}, "
         f"recompute {p.recompute_s_per_token:g} s/token (quadratic at {p.recompute_quadratic_tokens}), "
         f"half-life {p.half_life_obs:g} obs"

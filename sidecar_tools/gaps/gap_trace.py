@@ -5,10 +5,11 @@ JSONL, one object a line: {"session_id", "tool_names": [..], "context_tokens", "
 * t: when the reply ended (seconds, any origin). Without t, a timeline is made up: sessions start
   1 s apart in order of first appearance, and each turn takes 1 s plus the gap before it.
 Every replay trace of the benchmarks is read too, through their one trace model
-(``sidecar_tools.benchmarks.traces.read_any``: agent-trace-v1, TraceLab round CSV/JSONL, OpenAI conversations):
-one record per round, context = the round's prompt + reply, gap = the wait after it, the last round
-never comes back, tool names from the recorded reply's tool_calls ("(unknown)" without a reply),
-the timeline from the sessions' start_s (1 s per turn).
+(``sidecar_tools.benchmarks.traces.read_any``: agent-trace-v1, TraceLab's round trace and CSV
+export, LMCache's agent traces, OpenAI conversations): one record per round, context = the round's
+prompt + reply, gap = the wall-clock wait after it, the last round never comes back, tool names
+from the recording ("(unknown)" where it has none), the timeline from the sessions' start_s and
+each round's recorded duration (1 s where none is recorded).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 TURN_SECONDS_WITHOUT_T = 1.0
-TRACELAB_TOOL = "(unknown)"
+UNKNOWN_TOOLS = "(unknown)"
 
 
 @dataclass
@@ -53,10 +54,19 @@ def read_gap_trace(path: str | Path) -> list[GapRecord]:
     except OSError as exc:
         raise GapTraceError(f"cannot read trace {path}: {exc}") from None
     lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
-    gap_jsonl = path.suffix.lower() != ".csv" and bool(lines) and "gap_s" in _json_object(lines[0][1], path, lines[0][0])
-    if not gap_jsonl:  # the first record tells the format; the rest is parsed once, by its reader
+    if not _is_gap_jsonl(path, lines):  # the first record tells the format; the rest is parsed once, by its reader
         return with_timeline(trace_to_gaps(_read_replay_trace(path)))
     return with_timeline([_gap_record(_json_object(line, path, n), path, n) for n, line in lines])
+
+
+def _is_gap_jsonl(path: Path, lines: list[tuple[int, str]]) -> bool:
+    if path.suffix.lower() == ".csv" or not lines:
+        return False
+    try:
+        first = json.loads(lines[0][1])
+    except json.JSONDecodeError:
+        return False  # not JSON lines: a commented or pretty-printed trace, for the trace readers
+    return isinstance(first, dict) and "gap_s" in first
 
 
 def _json_object(line: str, path: Path, lineno: int) -> dict:
@@ -112,18 +122,12 @@ def trace_to_gaps(trace) -> list[GapRecord]:
         t, context = session.start_s, 0
         for i, r in enumerate(session.rounds):
             context += r.append_tokens + r.output_tokens
-            t += TURN_SECONDS_WITHOUT_T
+            t += r.service_s if r.service_s is not None else TURN_SECONDS_WITHOUT_T
             gap = None if i == len(session.rounds) - 1 else r.tool_wait_s
-            records.append(GapRecord(session.session_id, _reply_tools(r.reply), context, gap, t))
+            tools = r.called_tools()
+            records.append(GapRecord(session.session_id, [UNKNOWN_TOOLS] if tools is None else tools, context, gap, t))
             t += gap or 0.0
     return records
-
-
-def _reply_tools(reply) -> list[str]:
-    if not isinstance(reply, dict):
-        return [TRACELAB_TOOL]
-    calls = reply.get("tool_calls") or []
-    return [str((c.get("function") or {}).get("name", "")) for c in calls if isinstance(c, dict)]
 
 
 def with_timeline(records: list[GapRecord]) -> list[GapRecord]:

@@ -89,7 +89,7 @@ def _command_line(ctx: click.Context) -> str:
 
 @click.group("simulate", invoke_without_command=True, context_settings={"show_default": True})
 @click.option("--trace", "trace_path", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Trace file (agent-trace-v1 JSONL, TraceLab CSV/JSONL, OpenAI JSONL).")
+              help="Trace file: agent-trace-v1, TraceLab round trace or CSV export, LMCache agent trace, OpenAI chats.")
 @click.option("--synthetic", type=click.Choice(PRESET_NAMES), default="reference",
               help="Synthetic preset drawn when no --trace is given.")
 @click.option("--seed", type=int, default=None, help="Preset seed (default: the preset's).")
@@ -121,7 +121,8 @@ def _command_line(ctx: click.Context) -> str:
 @click.option("--chunked-prefill-size", type=int, default=8192)
 @click.option("--max-prefill-tokens", type=int, default=16384)
 @click.option("--max-running-requests", type=int, default=256)
-@click.option("--context-length", type=int, default=40960)
+@click.option("--context-length", type=int, default=131_072,
+              help="Longest prompt + reply: Qwen3-8B with YaRN (recorded agent sessions pass 40,960, its native length).")
 @click.option("--name", default=None, help="Run name (file stem). Default: sim-<policy>-<trace>-<gap>.")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Save <out>/<name>.json and <out>/<name>-turns.csv (the benchmark's format).")

@@ -189,12 +189,8 @@ class VirtualReplay:
     def run(self) -> tuple[dict[str, Any], list[TurnRecord]]:
         wall0 = time.monotonic()
         engine = self.engine
-        for st in self._states:
-            if self.max_concurrent and self._active >= self.max_concurrent:
-                self._queued.append(st)
-            else:
-                self._active += 1
-                self._at(0.0, lambda t, st=st: self._send(st, t))
+        for st in self._states:  # a session arrives at its start_s and waits there for a client slot
+            self._at(st.session.start_s, lambda t, st=st: self._arrive(st, t))
         if self.sidecar is not None:
             self._schedule_lifecycle(0.0)
         timed_out = False
@@ -233,6 +229,13 @@ class VirtualReplay:
     _last_end = 0.0
 
     # ------------------------------------------------------------------ client side
+    def _arrive(self, st: _SessionState, t: float) -> None:
+        if self.max_concurrent and self._active >= self.max_concurrent:
+            self._queued.append(st)
+            return
+        self._active += 1
+        self._send(st, t)
+
     def _send(self, st: _SessionState, t: float) -> None:
         session, k = st.session, st.k
         rnd = session.rounds[k]
@@ -300,8 +303,7 @@ class VirtualReplay:
         st.conv.ids = ids + list(output)
         now = self.clock_now
         if self.sidecar is not None and rec.error != "http 429: admission queue full":
-            tools = [c.get("function", c).get("name", "") for c in ((rnd.reply or {}).get("tool_calls") or [])]
-            self.sidecar.end_turn(sid, len(st.conv.ids), [n for n in tools if n], ok)
+            self.sidecar.end_turn(sid, len(st.conv.ids), [n for n in rnd.called_tools() or [] if n], ok)
         self._last_end = max(self._last_end, now)
         last = k == len(session.rounds) - 1
         if last or (not ok and self.stop_on_error):
@@ -322,7 +324,7 @@ class VirtualReplay:
         self._active -= 1
         if self._queued:
             nxt = self._queued.pop(0)
-            nxt.client_wait_s = now
+            nxt.client_wait_s = now - nxt.session.start_s
             self._active += 1
             self._at(now, lambda t, st=nxt: self._send(st, t))
 

@@ -85,6 +85,20 @@ async def test_client_side_session_cap(make_engine):
     assert run["summary"]["ttft_with_client_wait_p99_s"] > run["summary"]["ttft_p99_s"]
 
 
+async def test_sessions_start_at_their_offsets_and_then_wait_for_a_slot(make_engine):
+    _, url = await make_engine(token_delay_s=0.01)
+    rounds = [Round(append_tokens=20, output_tokens=10, tool_wait_s=0.05), Round(append_tokens=5, output_tokens=10)]
+    trace = Trace(name="t", sessions=[Session(session_id="a", rounds=rounds),
+                                      Session(session_id="b", start_s=1.0, rounds=rounds),
+                                      Session(session_id="c", start_s=1.05, rounds=rounds)])
+    run, records = await replay(trace, url=url, mode="generate", opts=ClientOptions(), max_concurrent_sessions=1)
+    first = {r.session: r for r in records if r.turn == 0}
+    assert first["a"].send_s < 0.5
+    assert first["b"].send_s >= 1.0 and first["b"].client_wait_s < 0.5  # the wait counts from its start, a is done
+    assert first["c"].send_s >= first["b"].end_s and first["c"].client_wait_s > 0  # arrived while b held the slot
+    assert run["summary"]["turns_ok"] == 6
+
+
 async def test_openai_mode_messages_headers_usage(make_engine):
     engine, url = await make_engine()
     trace = small_trace(sessions=2, turns=3)
@@ -153,3 +167,13 @@ def test_cli_writes_json_and_csv(tmp_path):
                               "--turns 2 --tool-wait 0.0 --lease-ttl 5.0 --close-sessions --name cli --out " + str(tmp_path))
     assert run["config"]["lease_ttl_s"] == 5.0 and run["trace"]["name"] == "reference"
     assert (tmp_path / "cli-turns.csv").read_text().count("\n") == 5
+
+
+def test_cli_names_a_trace_it_cannot_read(tmp_path):
+    from click.testing import CliRunner
+
+    bad = tmp_path / "round_trace.jsonl"
+    bad.write_text('{"session_id": "s", "round_index": 0, "output_tokens": 5}\n')
+    result = CliRunner().invoke(replay_cli, ["--trace", str(bad), "--out", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "TraceLab round trace" in result.output and "'prefix_tokens'" in result.output

@@ -1,11 +1,8 @@
-import json
-
 import numpy as np
 import pytest
 
 from sidecar_tools.benchmarks.traces import (
-    PRESETS, Round, Session, Trace, build_config, generate, load_jsonl, read_any, read_openai_jsonl,
-    read_tracelab, save_jsonl,
+    PRESETS, Round, Session, Trace, build_config, generate, load_jsonl, read_any, save_jsonl,
 )
 
 
@@ -75,79 +72,16 @@ def test_jsonl_round_trip(tmp_path):
     assert read_any(tmp_path / "t.jsonl") == trace
 
 
-TRACELAB_CSV = """session_id,round_idx,prefix_len,input_len,output_len,tool_wait_after_ms
-b,1,1200,300,50,0
-a,0,0,1000,80,250
-b,0,400,800,40,1500
-a,1,1080,200,60,0
-"""
-
-
-def test_tracelab_csv(tmp_path):
-    path = tmp_path / "rounds.csv"
-    path.write_text(TRACELAB_CSV)
-    trace = read_tracelab(path)
-    assert [s.session_id for s in trace.sessions] == ["b", "a"]  # first appearance
-    b = trace.sessions[0]
-    assert [r.append_tokens for r in b.rounds] == [1200, 300]  # round-0 prefix folded in
-    assert [r.prefix_len for r in b.rounds] == [400, 1200]
-    assert b.rounds[0].tool_wait_s == 1.5 and b.rounds[0].output_tokens == 40
-    assert read_any(path) == trace
-
-
-def test_tracelab_jsonl(tmp_path):
-    path = tmp_path / "rounds.jsonl"
-    rows = [{"session_id": "x", "round_idx": i, "prefix_len": 0, "input_len": 10 * (i + 1),
-             "output_len": 5, "tool_wait_after_ms": 300} for i in range(3)]
-    path.write_text("\n".join(json.dumps(r) for r in rows))
-    trace = read_any(path)
-    assert [r.append_tokens for r in trace.sessions[0].rounds] == [10, 20, 30]
-    assert trace.sessions[0].rounds[0].tool_wait_s == pytest.approx(0.3)
-
-
-def test_tracelab_missing_column_is_an_error(tmp_path):
-    path = tmp_path / "bad.csv"
-    path.write_text("session_id,round_idx,input_len\ns,0,5\n")
-    with pytest.raises(ValueError, match="lacks"):
-        read_tracelab(path)
-
-
-def test_openai_jsonl_rounds_and_timestamps(tmp_path):
-    conv = {"session_id": "c1", "messages": [
-        {"role": "system", "content": "sys " * 40},
-        {"role": "user", "content": "fix the bug", "timestamp": 100.0},
-        {"role": "assistant", "content": "", "timestamp": 101.0,
-         "tool_calls": [{"id": "t1", "function": {"name": "execute_bash", "arguments": "{\"command\": \"ls\"}"}}]},
-        {"role": "tool", "tool_call_id": "t1", "content": "a.py b.py", "timestamp": 101.4},
-        {"role": "assistant", "content": "done", "timestamp": 103.0},
-    ]}
-    other = [{"role": "system", "content": "sys " * 40}, {"role": "user", "content": "hi"},
-             {"role": "assistant", "content": "hello"}]
-    path = tmp_path / "conv.jsonl"
-    path.write_text(json.dumps(conv) + "\n" + json.dumps(other) + "\n")
-    trace = read_openai_jsonl(path, count_tokens=lambda t: len(t.split()))
-    s = trace.sessions[0]
-    assert s.session_id == "c1" and len(s.rounds) == 2
-    assert s.rounds[0].append_tokens == 40 + 3
-    assert s.rounds[0].tool_wait_s == pytest.approx(0.4)
-    assert s.rounds[1].messages[0]["role"] == "tool" and s.rounds[1].tool_wait_s == 0.0
-    assert s.rounds[0].reply["tool_calls"][0]["id"] == "t1"
-    assert trace.shared_prefix_tokens == 40
-    assert trace.sessions[1].rounds[0].tool_wait_s == 0.0
-    assert read_any(path, count_tokens=lambda t: len(t.split())) == trace
-
-
-def test_openai_jsonl_without_timestamps_uses_default_gap(tmp_path):
-    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-            {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]
-    path = tmp_path / "c.jsonl"
-    path.write_text(json.dumps(msgs) + "\n")
-    trace = read_openai_jsonl(path, default_tool_wait_s=2.0)
-    assert [r.tool_wait_s for r in trace.sessions[0].rounds] == [2.0, 0.0]
-
-
 def test_model_validates():
     with pytest.raises(ValueError):
         Round(append_tokens=-1, output_tokens=3)
     t = Trace(name="x", sessions=[Session(session_id="s", rounds=[Round(append_tokens=5, output_tokens=2)])])
     assert t.stats()["final_context_max"] == 7
+
+
+def test_called_tools_come_from_the_recorded_names_else_the_reply():
+    assert Round(append_tokens=1, output_tokens=1, tool_names=["Bash"]).called_tools() == ["Bash"]
+    reply = {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "run_tests", "arguments": "{}"}}]}
+    assert Round(append_tokens=1, output_tokens=1, reply=reply).called_tools() == ["run_tests"]
+    assert Round(append_tokens=1, output_tokens=1, reply={"role": "assistant", "content": "hi"}).called_tools() == []
+    assert Round(append_tokens=1, output_tokens=1).called_tools() is None

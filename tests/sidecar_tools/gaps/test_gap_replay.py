@@ -5,8 +5,12 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from sidecar.settings import load_settings
+from sidecar.policy.ttl import LeaseTtlRule
+from sidecar_tools.gaps.evaluate import ReplayedGap, oracle_ttls, score
 from sidecar_tools.gaps.gap_replay import gap_replay
 from sidecar_tools.gaps.gap_trace import (
+    GapRecord,
     GapTraceError,
     read_gap_trace,
     write_gap_trace,
@@ -76,8 +80,8 @@ def test_tracelab_csv_rounds_become_gaps(tmp_path):
     )
     records = read_gap_trace(path)
     assert [r.gap_s for r in records] == [0.3, 5.0, None]
-    # the benchmarks' replay model: each round resends the history (replies included) + its input
-    assert [r.context_tokens for r in records] == [1040, 1290, 1420]
+    # a round's prompt is prefix_len + input_len (TraceLab's replayer); context = prompt + reply
+    assert [r.context_tokens for r in records] == [1040, 1250, 1380]
     assert [r.tool_names for r in records] == [["(unknown)"]] * 3
 
 
@@ -145,3 +149,77 @@ def test_synthetic_trace_has_per_tool_signal_and_a_regime_change():
     bash_late = sorted(r.gap_s for r in records if r.tool_names == ["execute_bash"] and r.t > change_t * 1.5)
     assert bash_late[len(bash_late) // 2] > 5 * bash_early[len(bash_early) // 2]
     assert synthesize_gap_trace("coding-agent", sessions=5, seed=1) == synthesize_gap_trace("coding-agent", sessions=5, seed=1)
+
+
+def _gap_lines(path, gaps_by_session):
+    path.write_text("".join(
+        json.dumps({"session_id": sid, "tool_names": ["bash"], "context_tokens": 1000, "gap_s": gap}) + "\n"
+        for sid, gaps in gaps_by_session.items() for gap in gaps))
+    return path
+
+
+def test_zero_second_gaps_are_hits_and_the_oracle_scores_full(tmp_path):
+    trace = _gap_lines(tmp_path / "zero.jsonl", {"a": [0.0, 0.0, None], "b": [0.0, None]})
+    out = tmp_path / "r.json"
+    result = run(str(trace), "--json-out", str(out))
+    assert result.exit_code == 0, result.output
+    by_name = {p["policy"]: p for p in json.loads(out.read_text())["policies"]}
+    for name in ("oracle (TTL = gap)", "clairvoyant", "off", "fixed 2s"):
+        assert by_name[name]["hit_rate"] == 1.0 and by_name[name]["recomputed_tokens"] == 0
+    assert by_name["oracle (TTL = gap)"]["leased_token_s"] == 0 and by_name["off"]["leased_vs_oracle"] is None
+    oracle_row = next(line for line in result.output.splitlines() if line.startswith("oracle"))
+    assert oracle_row.split()[-3] == "-"  # x oracle: no ratio to a zero
+    assert "3 of 0 s" in result.output
+
+
+def test_sessions_that_never_return_have_no_hit_rate(tmp_path):
+    trace = _gap_lines(tmp_path / "gone.jsonl", {"a": [None], "b": [None]})
+    out = tmp_path / "r.json"
+    result = run(str(trace), "--fixed-ttl", "30", "--json-out", str(out))
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert all(p["hit_rate"] is None and p["recomputed_tokens"] == 0 for p in report["policies"])
+    by_name = {p["policy"]: p for p in report["policies"]}
+    assert by_name["fixed 30s"]["leased_token_s"] == 2 * 1000 * 30 and by_name["oracle (TTL = gap)"]["leased_token_s"] == 0
+    assert "2 never came back, 0 of 0 s" in result.output
+    assert next(line for line in result.output.splitlines() if line.startswith("fixed 30s")).split()[2] == "-"
+
+
+def test_the_last_turn_is_leased_in_vain_and_the_oracle_holds_nothing_for_it():
+    rule = LeaseTtlRule(load_settings(None).policy)
+    gaps = [ReplayedGap(GapRecord("a", ["bash"], 100, 2.0, 1.0), 0, 0, 1.0),
+            ReplayedGap(GapRecord("a", ["finish"], 200, None, 4.0), 0, 0, 1.0)]
+    fixed = score("fixed 30s", gaps, [30.0, 30.0], rule)
+    assert (fixed.returns, fixed.hits, fixed.leased_token_s) == (1, 1, 100 * 2.0 + 200 * 30.0)
+    oracle = score("oracle", gaps, oracle_ttls(gaps), rule)
+    assert (oracle.hits, oracle.leased_token_s, oracle.recomputed_tokens) == (1, 200.0, 0)
+    off = score("off", gaps, [0.0, 0.0], rule)
+    assert (off.hit_rate, off.recomputed_tokens) == (0.0, 100)
+
+
+def test_a_trace_whose_last_round_records_a_gap_still_ends_there(tmp_path):
+    path = tmp_path / "agent.jsonl"
+    path.write_text(
+        '{"format": "agent-trace-v1", "name": "t", "shared_prefix_tokens": 0, "meta": {}}\n'
+        '{"session_id": "s", "start_s": 0, "rounds": [{"append_tokens": 10, "output_tokens": 5, "tool_wait_s": 1.0}, '
+        '{"append_tokens": 10, "output_tokens": 5, "tool_wait_s": 7.0}]}\n'
+    )
+    assert [r.gap_s for r in read_gap_trace(path)] == [1.0, None]
+
+
+def test_tracelab_round_trace_gaps_keep_the_recorded_timeline(tmp_path):
+    def row(index, total, output, events, tools=()):
+        return {"provider": "claude", "session_id": "claude:s", "round_index": index, "input_tokens_total": total,
+                "prefix_tokens": 0, "newly_append_tokens": total, "output_tokens": output, "timing_events": events,
+                "tools": [{"tool_index": i, "tool_name": n, "tool_wall_latency_ms": 1} for i, n in enumerate(tools)]}
+
+    rows = [row(0, 1000, 100, [{"event_type": "user_message", "timestamp": "2026-01-01T00:00:50Z"},
+                               {"event_type": "tool_call", "timestamp": "2026-01-01T00:00:54Z"}], ["Bash"]),
+            row(1, 1500, 50, [{"event_type": "tool_result", "timestamp": "2026-01-01T00:01:00Z"},
+                              {"event_type": "text", "timestamp": "2026-01-01T00:01:02Z"}])]
+    path = tmp_path / "round_trace.expanded.json"
+    path.write_text("# TraceLab-shaped sample\n\n" + "\n".join(
+        f"===== round {i:04d} | provider claude =====\n{json.dumps(r, indent=2)}" for i, r in enumerate(rows, 1)))
+    records = read_gap_trace(path)
+    assert [(r.t, r.gap_s, r.tool_names, r.context_tokens) for r in records] == [
+        (4.0, 6.0, ["Bash"], 1100), (12.0, None, [], 1550)]
