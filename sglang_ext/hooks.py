@@ -187,10 +187,21 @@ class LeaseClockTick:
 @_guarded
 def poll_timeout_aborts(result, scheduler, *args, **kwargs):
     """AFTER Scheduler._poll_timeout_aborts (rank 0 only): append a clock tick."""
+    tick = clock_tick(scheduler, time.monotonic())
+    if tick is None:
+        return None
+    return list(result or []) + [tick]
+
+
+def clock_tick(scheduler: Any, now: float) -> LeaseClockTick | None:
+    """Rank 0's decision at ``now``: the LeaseClockTick to broadcast, or None.
+
+    ``poll_timeout_aborts`` asks with the monotonic clock; a scheduler that keeps its
+    own clock (a virtual-time simulation) asks directly and dispatches the tick itself.
+    """
     mgr = manager_of(scheduler.tree_cache)
     if mgr is None:
         return None
-    now = time.monotonic()
     running = scheduler.running_batch
     busy = (
         bool(scheduler.waiting_queue)
@@ -200,7 +211,7 @@ def poll_timeout_aborts(result, scheduler, *args, **kwargs):
     if not mgr.wants_tick(now, busy):
         return None
     mgr.tick_sent(now)
-    return list(result or []) + [LeaseClockTick(now)]
+    return LeaseClockTick(now)
 
 
 @_guarded

@@ -8,6 +8,10 @@ What "projected tokens" means (turns ahead, idle sessions' weight) is the caller
 ``resident`` callback; LeasePolicy's is documented in ``sidecar.policy.lease_policy``.
 Nobody overtakes the head. A full queue raises AdmissionRejected (the caller answers 429 with
 Retry-After). Only new sessions' first requests come here; the caller lets the others through.
+
+``AdmissionQueue`` makes every decision synchronously (offer, pump, cancel) on the injected
+clock, so a virtual-time replay drives the same code as the server; ``AdmissionGate`` adds the
+asyncio wait the HTTP layer awaits.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from sidecar.policy.base import AdmissionRejected
 from sidecar.policy.settings import AdmissionSettings
@@ -26,15 +31,30 @@ ResidentProjection = Callable[[], tuple[float, int]]
 
 
 @dataclass(eq=False)
-class _Waiter:
+class AdmissionTicket:
+    """One session's request to start, from offer to grant (or cancel)."""
+
     session_id: str
     prompt_tokens: int
-    tokens: int  # projected to the end of its next turn
-    future: asyncio.Future
-    enqueued_at: float
+    tokens: float  # projected to the end of its next turn
+    enqueued_at: float | None = None  # None: it never queued
+    state: Literal["waiting", "granted", "cancelled"] = "waiting"
+    # runs once, right after the grant (inside offer or pump); the request may start from then on
+    on_grant: Callable[[], None] | None = None
+
+    @property
+    def granted(self) -> bool:
+        return self.state == "granted"
+
+    @property
+    def waiting(self) -> bool:
+        return self.state == "waiting"
 
 
-class AdmissionGate:
+class AdmissionQueue:
+    """The admission decisions, without an event loop: time passes through ``clock`` and
+    whoever changes the resident sessions calls ``pump``."""
+
     def __init__(
         self,
         settings: AdmissionSettings,
@@ -52,7 +72,7 @@ class AdmissionGate:
         self._ungrant = ungrant
         self._clock = clock
         self._metrics = metrics
-        self._queue: deque[_Waiter] = deque()
+        self._queue: deque[AdmissionTicket] = deque()
         self._mean_wait: float | None = None
 
     @property
@@ -63,7 +83,7 @@ class AdmissionGate:
     def budget_tokens(self) -> float:
         return self.settings.headroom * self.capacity_tokens
 
-    def fits(self, tokens: int) -> bool:
+    def fits(self, tokens: float) -> bool:
         """Would a session of ``tokens`` projected tokens fit next to the resident ones now?"""
         if self.capacity_tokens <= 0:
             return True
@@ -76,59 +96,101 @@ class AdmissionGate:
         """Retry-After for a rejected session: the recent mean wait, at least the setting."""
         return max(self.settings.retry_after, self._mean_wait or 0.0)
 
-    async def wait(self, session_id: str, prompt_tokens: int, tokens: int) -> None:
-        """Return once the session (``tokens`` projected) may start; AdmissionRejected if the queue is full."""
+    def offer(
+        self,
+        session_id: str,
+        prompt_tokens: int,
+        tokens: float,
+        on_grant: Callable[[], None] | None = None,
+    ) -> AdmissionTicket:
+        """A new session (``tokens`` projected) asks to start: granted now when nobody waits and
+        it fits, else queued (granted by a later ``pump``); AdmissionRejected if the queue is full."""
+        ticket = AdmissionTicket(session_id, prompt_tokens, tokens, on_grant=on_grant)
         if not self._queue and self.fits(tokens):
-            self._grant(session_id, prompt_tokens)
-            self._record("immediate", 0.0)
-            return
+            self._admit(ticket, "immediate", 0.0)
+            return ticket
         if len(self._queue) >= self.settings.max_queue:
             self._record("rejected", None)
             raise AdmissionRejected(self.retry_after_s())
-        future = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(session_id, prompt_tokens, tokens, future, self._clock())
-        self._queue.append(waiter)
-        try:
-            self.pump()
-            while not waiter.future.done():
-                try:
-                    await asyncio.wait_for(asyncio.shield(waiter.future), self.settings.poll_interval)
-                except TimeoutError:
-                    self.pump()
-        except asyncio.CancelledError:
-            if waiter.future.done() and not waiter.future.cancelled():
-                self._ungrant(session_id)  # granted, but the client went away first
-            else:
-                waiter.future.cancel()
-                if waiter in self._queue:
-                    self._queue.remove(waiter)
-                self._record("cancelled", None)
-                self.pump()
-            raise
+        ticket.enqueued_at = self._clock()
+        self._queue.append(ticket)
+        self.pump()
+        return ticket
+
+    def let_through(
+        self, session_id: str, prompt_tokens: int, on_grant: Callable[[], None] | None = None
+    ) -> AdmissionTicket:
+        """A request the gate does not hold (a continuing session, admission off): granted now,
+        not counted as an admission decision."""
+        ticket = AdmissionTicket(session_id, prompt_tokens, prompt_tokens, on_grant=on_grant)
+        self._admit(ticket, None, None)
+        return ticket
 
     def pump(self) -> int:
-        """Let waiters through from the head while they fit; returns how many went."""
+        """Let waiters through from the head while they fit or have waited ``max_wait``;
+        returns how many went. Call it when time passed or the resident sessions changed."""
         granted = 0
         now = self._clock()
         while self._queue:
             head = self._queue[0]
-            if head.future.done():
-                self._queue.popleft()
-                continue
             waited = now - head.enqueued_at
             timed_out = self.settings.max_wait > 0 and waited >= self.settings.max_wait
             fits = self.fits(head.tokens)
             if not (fits or timed_out):
                 break
             self._queue.popleft()
-            self._grant(head.session_id, head.prompt_tokens)
-            head.future.set_result(None)
-            self._record("queued" if fits else "timeout", waited)
+            self._admit(head, "queued" if fits else "timeout", waited)
             granted += 1
         return granted
+
+    def cancel(self, ticket: AdmissionTicket) -> None:
+        """The session gave up: a waiting ticket leaves the queue (the next may go now); a granted
+        one is ungranted (its request will not run). A cancelled ticket stays cancelled."""
+        if ticket.granted:
+            ticket.state = "cancelled"
+            self._ungrant(ticket.session_id)
+        elif ticket.waiting:
+            ticket.state = "cancelled"
+            if ticket in self._queue:
+                self._queue.remove(ticket)
+            self._record("cancelled", None)
+            self.pump()
+
+    def _admit(self, ticket: AdmissionTicket, decision: str | None, waited: float | None) -> None:
+        self._grant(ticket.session_id, ticket.prompt_tokens)
+        ticket.state = "granted"
+        if decision is not None:
+            self._record(decision, waited)
+        if ticket.on_grant is not None:
+            ticket.on_grant()
 
     def _record(self, decision: str, waited: float | None) -> None:
         if waited is not None and decision != "immediate":
             self._mean_wait = waited if self._mean_wait is None else 0.8 * self._mean_wait + 0.2 * waited
         if self._metrics is not None:
             self._metrics.admission(decision, waited)
+
+
+class AdmissionGate(AdmissionQueue):
+    """``AdmissionQueue`` for asyncio callers: ``wait`` returns once the session may start."""
+
+    async def wait(self, session_id: str, prompt_tokens: int, tokens: float) -> None:
+        """Return once the session (``tokens`` projected) may start; AdmissionRejected if the queue is full."""
+        await self.until_granted(self.offer(session_id, prompt_tokens, tokens))
+
+    async def until_granted(self, ticket: AdmissionTicket) -> None:
+        """Wait for ``ticket``'s grant, pumping every ``poll_interval`` (``max_wait`` needs time
+        to pass); cancelling the wait cancels the ticket."""
+        if ticket.granted:
+            return
+        granted = asyncio.get_running_loop().create_future()
+        ticket.on_grant = lambda: granted.done() or granted.set_result(None)
+        try:
+            while ticket.waiting:
+                try:
+                    await asyncio.wait_for(asyncio.shield(granted), self.settings.poll_interval)
+                except TimeoutError:
+                    self.pump()
+        except asyncio.CancelledError:
+            self.cancel(ticket)  # still queued: it leaves; granted meanwhile: ungranted
+            raise

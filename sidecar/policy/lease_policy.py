@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
-from sidecar.policy.admission import AdmissionGate
+from sidecar.policy.admission import AdmissionGate, AdmissionTicket
 from sidecar.policy.base import EngineCapacity, TurnEnd
 from sidecar.policy.lifecycle import SessionState, SessionTable
 from sidecar.policy.metrics import PolicyMetrics
@@ -83,15 +83,25 @@ class LeasePolicy:
 
     # ------------------------------------------------------------------ admission
     async def admit(self, session_id: str, prompt_tokens: int, is_new_session: bool) -> None:
-        """Wait until the request may start; AdmissionRejected when the queue is full.
+        """Wait until the request may start; AdmissionRejected when the queue is full."""
+        await self.gate.until_granted(self.offer_admission(session_id, prompt_tokens, is_new_session))
+
+    def offer_admission(
+        self,
+        session_id: str,
+        prompt_tokens: int,
+        is_new_session: bool,
+        on_grant: Callable[[], None] | None = None,
+    ) -> AdmissionTicket:
+        """``admit`` without an event loop: the ticket is granted now or by a later pump (then
+        ``on_grant`` runs); AdmissionRejected when the queue is full.
 
         Only a new session's first request is gated (and only with admission enabled).
         """
         if is_new_session and self.admission_settings.enabled:
             projected = prompt_tokens + self._projected_growth()
-            await self.gate.wait(session_id, prompt_tokens, projected)
-        else:
-            self._start_request(session_id, prompt_tokens)
+            return self.gate.offer(session_id, prompt_tokens, projected, on_grant)
+        return self.gate.let_through(session_id, prompt_tokens, on_grant)
 
     def release_admission(self, session_id: str) -> None:
         """The request admitted by ``admit`` is over (finished, failed or aborted)."""

@@ -16,9 +16,17 @@ runs the scheduler loop of ``Scheduler.get_next_batch_to_run`` in virtual time:
   inserted, lock released, ``on_release`` - where the plugin grants leases);
 * when the next decode step does not fit: ``ScheduleBatch.check_decode_mem`` (plugin decode valve),
   then retraction in SGLang's order with its ``release_req``;
-* ``session_ttl``: the plugin's clock ticks at step boundaries with virtual time, its prefill valve
-  runs where SGLang's hooked ``_get_new_batch_prefill_raw`` would; ``on_release``, ``reset`` and
-  eviction hooks run inside the real cache methods.
+* the plugin (``sglang_ext.hooks``): its hooks run where SGLang's Scheduler runs them: the AROUND
+  hook on ``_get_new_batch_prefill_raw`` wraps this engine's pass (leased-first queue order, prefill
+  valve), ``handle_generate_request`` before a request is queued, ``close_session`` after the
+  session is closed, and rank 0's ``LeaseClockTick`` at step boundaries, decided at virtual time by
+  ``hooks.clock_tick`` (the body of the ``_poll_timeout_aborts`` hook) and handled by the
+  dispatcher that its ``init_request_dispatcher`` hook extends; ``on_release``, ``reset``,
+  eviction and ``check_decode_mem`` hooks run inside the real SGLang methods. Every hook is a no-op
+  unless the cache's policy is ``session_ttl``.
+
+The plugin's scheduler tests (``tests/sglang_ext``) drive this engine too: it is the project's one
+imitation of SGLang's Scheduler, which is why it exposes Scheduler-shaped attributes.
 
 Time is the cost model's (``costmodel.CostModel``): nothing sleeps here. ``serve`` mode advances
 the engine to wall-clock targets; ``replay`` to the next client event.
@@ -27,7 +35,6 @@ the engine to wall-clock targets; ``replay`` to the next client event.
 from __future__ import annotations
 
 import logging
-import weakref
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -105,9 +112,10 @@ class SimEngine:
         self.cache, self.req_pool, self.alloc = sglang_env.build_cache(
             kv_tokens, self.policy, self.policy_config, max_running_requests=max_running_requests,
             max_context_len=context_length, session_radix_cache=session_radix_cache)
-        self.mgr = sglang_env.lease_manager(self.cache)
-        if self.mgr is not None:
-            self.mgr.scheduler_ref = weakref.ref(self)  # the decode valve spares busy sessions
+        self.mgr = sglang_env.lease_manager(self.cache)  # read for gauges and time steps only
+        self._hooks = sglang_env.plugin_hooks()
+        self._request_dispatcher = self.env.TypeBasedDispatcher([])
+        self._hooks.init_request_dispatcher(None, self)  # routes LeaseClockTick to the lease manager
         self.ratio = self.env.NewTokenRatioTracker.from_config()
         self.now = 0.0
         self.waiting: list[Any] = []
@@ -142,6 +150,10 @@ class SimEngine:
                              f"of {self.kv_tokens} tokens")
         if sim.rid in self._sim:
             raise ValueError(f"duplicate request id {sim.rid}")
+        planned = list(sim.output_source(sim.max_new_tokens)) if sim.output_source else [0] * sim.max_new_tokens
+        if len(planned) < sim.max_new_tokens:
+            raise ValueError("output_source returned too few ids")
+        self._hooks.handle_generate_request(self, sim)  # BEFORE Scheduler.handle_generate_request
         params = env.SamplingParams(max_new_tokens=sim.max_new_tokens, ignore_eos=sim.ignore_eos,
                                     custom_params=sim.custom_params)
         params.normalize(None)
@@ -150,14 +162,10 @@ class SimEngine:
         if self.session_radix_cache and sim.session_id:  # Scheduler._handle_generate_request
             req.session_generation = self.cache.ensure_session_generation(sim.session_id)
         sim.arrival_s = self.now
-        sim.planned = list(sim.output_source(sim.max_new_tokens)) if sim.output_source else [0] * sim.max_new_tokens
-        if len(sim.planned) < sim.max_new_tokens:
-            raise ValueError("output_source returned too few ids")
+        sim.planned = planned
         self._sim[sim.rid] = sim
         self.waiting.append(req)
         self._inc("sglang:num_requests_total")
-        if self.mgr is not None and sim.session_id:
-            self.mgr.note_arrival(sim.session_id)  # hooks.handle_generate_request
 
     def abort(self, rid: str) -> bool:
         """Abort a queued or running request (SGLang /abort_request)."""
@@ -187,12 +195,11 @@ class SimEngine:
         return True
 
     def close_session(self, session_id: str) -> None:
-        """SGLang /close_session: the plugin releases the session's lease; with the session radix
-        cache the session's references are dropped (Scheduler.close_session)."""
+        """SGLang /close_session: ``Scheduler.close_session`` (with the session radix cache the
+        session's references are dropped), then the plugin's AFTER hook releases its lease."""
         if self.session_radix_cache and session_id:
             self.cache.release_radix_session(session_id)
-        if self.mgr is not None and session_id:
-            self.mgr.close(session_id)  # hooks.close_session
+        self._hooks.close_session(None, self, self.env.CloseSessionReqInput(session_id=session_id))
 
     def idle(self) -> bool:
         return not self.waiting and not self.running and self.chunked_req is None
@@ -224,14 +231,18 @@ class SimEngine:
         """Nothing runs until ``t``: move the clock (the plugin's lease clock follows)."""
         self.now = max(self.now, t)
         self._stalled = False
-        self._tick()
+        self._poll_lease_clock()
 
     def notify(self) -> None:
         """Something changed outside (arrival, lease released): re-check the queue."""
         self._stalled = False
 
     # ------------------------------------------------------------------ Scheduler-shaped views
-    # (the plugin's hook helpers read these attributes of SGLang's Scheduler)
+    # (the plugin's hooks read these attributes of SGLang's Scheduler)
+    @property
+    def tree_cache(self) -> Any:
+        return self.cache
+
     @property
     def waiting_queue(self) -> list[Any]:
         return self.waiting
@@ -249,17 +260,17 @@ class SimEngine:
         """One scheduler iteration: a prefill batch, or a jump of decode steps that ends at the
         first finish, at the first step ending at or after ``horizon``, or when KV runs out.
         Returns False when nothing could run (idle or stalled)."""
-        self._tick()
-        batch = self._prefill_pass()
+        self._poll_lease_clock()
+        batch = self._get_new_batch_prefill()
         if batch:
             self._stalled = False
             self._run_prefill(batch)
-            self._tick()  # the next loop iteration stamps leases granted by finishes
+            self._poll_lease_clock()  # the next loop iteration stamps leases granted by finishes
             return True
         if self.running:
             self._stalled = False
             self._run_decode(horizon)
-            self._tick()
+            self._poll_lease_clock()
             return True
         # nothing admitted and nothing runs: wait for an event, unless the valve just made room
         self._stalled = bool(self.waiting) and not self._valve_released
@@ -273,19 +284,18 @@ class SimEngine:
                 self.advance_idle(min(t, wake) if wake is not None else t)
 
     # ------------------------------------------------------------------ plugin clock
-    def _tick(self) -> None:
-        """Rank 0's LeaseClockTick (hooks.poll_timeout_aborts + _on_tick) in virtual time: stamp
-        new leases, expire due ones (except those of sessions with a request queued/running)."""
-        mgr = self.mgr
-        if mgr is None:
+    def _poll_lease_clock(self) -> None:
+        """Rank 0's lease clock in virtual time, where ``Scheduler.recv_requests`` polls
+        (``_poll_timeout_aborts``, hooked) and ``process_input_requests`` dispatches: the plugin
+        decides on a LeaseClockTick at ``now`` and its handler stamps new leases and expires due
+        ones (except those of sessions with a request queued or running)."""
+        tick = self._hooks.clock_tick(self, self.now)
+        if tick is None:
             return
-        from sglang_ext import hooks
-
-        busy = bool(self.waiting) or bool(self.running) or self.chunked_req is not None
-        if mgr.wants_tick(self.now, busy):
-            mgr.tick_sent(self.now)
-            if mgr.on_tick(self.now, hooks._busy_sessions(self)):
-                self._stalled = False  # expired leases became evictable
+        leases = len(self.mgr.table)
+        self._request_dispatcher(tick)
+        if len(self.mgr.table) < leases:
+            self._stalled = False  # expired leases became evictable
 
     def next_lease_expiry(self) -> float | None:
         if self.mgr is None:
@@ -293,24 +303,29 @@ class SimEngine:
         return self.mgr.table.next_expiry()
 
     # ------------------------------------------------------------------ prefill
-    def _prefill_pass(self) -> list[Any]:
-        """``Scheduler._get_new_batch_prefill_raw``, FCFS, with SGLang's PrefillAdder."""
+    def _get_new_batch_prefill(self) -> list[Any]:
+        """``Scheduler.get_new_batch_prefill``: the plugin's AROUND hook on
+        ``_get_new_batch_prefill_raw`` wraps this engine's pass as HookRegistry wraps SGLang's
+        (leased-first queue order before it, the prefill pressure valve after it)."""
+        leases = len(self.mgr.table) if self.mgr is not None else 0
+        batch, _ = self._hooks.get_new_batch_prefill_raw(SimEngine._get_new_batch_prefill_raw, self)
+        # the valve released leases: the next pass may admit the head, so do not wait for an event
+        self._valve_released = self.mgr is not None and len(self.mgr.table) < leases
+        return batch or []
+
+    def _get_new_batch_prefill_raw(self) -> tuple[list[Any] | None, Any]:
+        """``Scheduler._get_new_batch_prefill_raw``, FCFS, with SGLang's PrefillAdder:
+        (the requests of the new prefill batch or None, the running batch)."""
         env = self.env
         if not self.running:
             self.batch_is_full = False
         if (self.batch_is_full or not self.waiting) and self.chunked_req is None:
-            return []
+            return None, self.running_batch
         running_bs = len(self.running)
         if self._allocatable(running_bs) <= 0 and self.chunked_req is None:
             self.batch_is_full = True
-            return []
+            return None, self.running_batch
         self._refresh_waiting_prefixes()
-        if self.mgr is not None:  # the plugin's AROUND hook on _get_new_batch_prefill_raw, before the pass
-            from sglang_ext import hooks
-
-            self.mgr.blocked_head = None
-            if getattr(self.mgr.settings, "prefer_leased_requests", False) and hasattr(hooks, "leased_first"):
-                hooks.leased_first(self.waiting, self.mgr)
         view = SimpleNamespace(reqs=self.running, batch_size=lambda: running_bs)
         adder = env.PrefillAdder(
             1, self.cache, self.alloc, view, self.ratio.current, self.max_prefill_tokens,
@@ -334,16 +349,13 @@ class SimEngine:
                 break
         can_run = list(adder.can_run_list)
         if not can_run:
-            self._prefill_valve()
-            return []
-        if self.mgr is not None:
-            self.mgr.blocked_head = None
+            return None, self.running_batch
         chosen = set(map(id, can_run))
         self.waiting = [r for r in self.waiting if id(r) not in chosen]
         if adder.new_chunked_req is not None:
             assert self.chunked_req is None
             self.chunked_req = adder.new_chunked_req
-        return can_run
+        return can_run, self.running_batch
 
     def _allocatable(self, running_bs: int) -> int:
         rows = self.req_pool.available_size()
@@ -357,21 +369,6 @@ class SimEngine:
             return
         for req in reversed(self.waiting[:WAITING_QUEUE_PREFIX_MATCH_MAX]):
             self.env.touch_waiting_prefix(req, self.cache)
-
-    def _prefill_valve(self) -> None:
-        """The plugin's prefill pressure valve (its AROUND hook on _get_new_batch_prefill_raw):
-        the head was refused for KV while nothing runs, so only leases can free room."""
-        self._valve_released = False
-        mgr = self.mgr
-        if mgr is None:
-            return
-        if mgr.blocked_head is not None and mgr.has_hard():
-            from sglang_ext import hooks
-
-            before = len(mgr.table)
-            hooks._relieve_prefill_stall(self, mgr, self.running_batch)
-            self._valve_released = len(mgr.table) != before
-        mgr.blocked_head = None
 
     def _run_prefill(self, batch: list[Any]) -> None:
         env, torch = self.env, self.env.torch

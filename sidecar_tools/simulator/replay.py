@@ -8,8 +8,9 @@ reads simulated and GPU runs alike. Nothing sleeps: client events and engine ste
 on one virtual clock.
 
 With a sidecar policy (``SidecarLoop``) the product's own ``sidecar.policy`` object sits in
-front of the engine exactly as in ``sidecar/chat.py``: admission of new sessions (the real
-``AdmissionGate``, its waiters resolved in virtual time), ``on_request``/``lease_ttl`` (the TTL
+front of the engine exactly as in ``sidecar/chat.py``: admission of new sessions (the policy's
+synchronous ``offer_admission`` on the real ``AdmissionGate``, pumped in virtual time by the
+policy's own calls and the gate's poll interval), ``on_request``/``lease_ttl`` (the TTL
 travels to the plugin as ``custom_params.session_lease_ttl_s``), ``on_turn_end``,
 ``release_admission`` and the once-a-second ``sessions_to_close`` pass.
 """
@@ -31,31 +32,8 @@ from sidecar_tools.simulator.engine import SimEngine, SimRequest
 from sglang_ext.wire import lease_params
 
 
-
 # --------------------------------------------------------------------------------------------
 # The sidecar's policy, in process
-
-
-class _VirtualFuture:
-    """Stands in for the asyncio future an AdmissionGate waiter holds (resolved by pump())."""
-
-    def __init__(self, on_grant: Callable[[], None]):
-        self._done = False
-        self._on_grant = on_grant
-
-    def done(self) -> bool:
-        return self._done
-
-    def cancelled(self) -> bool:
-        return False
-
-    def set_result(self, _value: Any) -> None:
-        self._done = True
-        self._on_grant()
-
-    def cancel(self) -> bool:
-        self._done = True
-        return True
 
 
 class SidecarLoop:
@@ -77,28 +55,13 @@ class SidecarLoop:
     def admit(self, session_id: str, prompt_tokens: int, is_new_session: bool, proceed: Callable[[], None]) -> bool:
         """``await policy.admit(...)`` without a loop: proceed() now or when the gate lets the
         session through; False when the queue is full (the sidecar answers 429)."""
-        from sidecar.policy.admission import _Waiter
+        from sidecar.policy import AdmissionRejected
 
-        policy = self.policy
-        if not (is_new_session and policy.admission_settings.enabled):
-            policy._start_request(session_id, prompt_tokens)
-            proceed()
-            return True
-        # LeasePolicy.admit: prompt + the growth it projects (projection_turns ahead when it has them)
-        growth = policy._projected_growth() if hasattr(policy, "_projected_growth") else policy.growth_tokens
-        tokens = prompt_tokens + growth
-        gate = self.gate
-        if not gate._queue and gate.fits(tokens):  # AdmissionGate.wait, synchronously
-            gate._grant(session_id, prompt_tokens)
-            gate._record("immediate", 0.0)
-            proceed()
-            return True
-        if len(gate._queue) >= gate.settings.max_queue:
-            gate._record("rejected", None)
+        try:
+            self.policy.offer_admission(session_id, prompt_tokens, is_new_session, on_grant=proceed)
+        except AdmissionRejected:
             self.rejected += 1
             return False
-        gate._queue.append(_Waiter(session_id, prompt_tokens, tokens, _VirtualFuture(proceed), self.clock()))
-        gate.pump()
         return True
 
     def waiting(self) -> int:

@@ -1,4 +1,4 @@
-"""Everything that imports SGLang: the one-time setup and the real cache on CPU pools.
+"""Everything that imports SGLang: the one-time setup, the real cache on CPU pools, the plugin's hooks.
 
 Importing this module does not import sglang; ``setup()`` does (about 6-8 s on a laptop).
 What it does, once per process:
@@ -36,7 +36,7 @@ def setup() -> types.SimpleNamespace:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import torch
-        from sglang.srt.managers import schedule_batch, schedule_policy
+        from sglang.srt.managers import io_struct, schedule_batch, schedule_policy
         from sglang.srt.managers.scheduler_components import new_token_ratio_tracker
         from sglang.srt.mem_cache import (
             allocation,
@@ -53,9 +53,12 @@ def setup() -> types.SimpleNamespace:
             set_global_server_args_for_scheduler,
         )
         from sglang.srt.speculative import spec_info
+        from sglang.utils import TypeBasedDispatcher
 
     env = types.SimpleNamespace(
         torch=torch,
+        CloseSessionReqInput=io_struct.CloseSessionReqInput,
+        TypeBasedDispatcher=TypeBasedDispatcher,
         Req=schedule_batch.Req,
         ScheduleBatch=schedule_batch.ScheduleBatch,
         FINISH_ABORT=schedule_batch.FINISH_ABORT,
@@ -122,13 +125,20 @@ def load_plugin() -> str:
     return how
 
 
+def plugin_hooks() -> types.ModuleType:
+    """The plugin's hook functions (``sglang_ext.hooks``), for a scheduler that calls them where
+    SGLang's hooked methods would; each one is a no-op for a cache whose policy is not session_ttl."""
+    setup()
+    from sglang_ext import hooks
+
+    return hooks
+
+
 def lease_manager(cache: Any) -> Any:
     """The plugin's lease manager of ``cache`` (None unless its policy is session_ttl)."""
     if _plugin_loaded is None:
         return None
-    from sglang_ext import hooks
-
-    return hooks.manager_of(cache)
+    return plugin_hooks().manager_of(cache)
 
 
 def build_cache(kv_tokens: int, policy: str, policy_config: dict | None, *, max_running_requests: int,

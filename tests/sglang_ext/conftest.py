@@ -3,16 +3,15 @@
 ``plugin`` loads the plugin once per session through SGLang's real
 ``load_plugins()`` (the package must be installed: ``pip install -e . --no-deps``).
 ``kit`` builds real UnifiedRadixCaches on CPU pools and runs real request
-lifecycles (``Req`` -> ``release_kv_cache``); ``make_engine`` (engine.py-like
-helper below) drives SGLang's real ``Scheduler._get_new_batch_prefill_raw`` with
-a stand-in scheduler object. sglang is imported lazily so that a sidecar-only
-environment can still collect this directory (the test modules skip).
+lifecycles (``Req`` -> ``release_kv_cache``) where no scheduler is needed;
+``make_engine`` gives the simulator's ``SimEngine`` where one is (scheduler
+hooks, valves, the lease clock). sglang is imported lazily so that a
+sidecar-only environment can still collect this directory (the test modules skip).
 """
 
 from __future__ import annotations
 
 import os
-import types
 from array import array
 from typing import Any
 
@@ -203,212 +202,63 @@ def kit(plugin):
     return Kit()
 
 
-# ----------------------------------------------------------------- engine stand-in
-class _StubBatch:
-    """Stands in for the ScheduleBatch that a prefill pass builds (no tensors)."""
+# ------------------------------------------------------------------ scheduler
+@pytest.fixture
+def make_engine(plugin):
+    """``make_engine(kv_tokens, **session_ttl config)`` -> the simulator's ``SimEngine`` on a
+    session_ttl cache: SGLang's scheduler loop with the real PrefillAdder, ScheduleBatch and
+    cache, calling the plugin's hooks where SGLang's hooked methods would (the one imitation of
+    SGLang's Scheduler in this project); one decode step per ``step()``, virtual time."""
+    from sidecar_tools.simulator.engine import SimEngine
 
-    def __init__(self, reqs, chunked_req=None):
-        self.reqs = reqs
-        self.chunked_req = chunked_req
-        self.return_logprob = False
-        self.input_embeds = None
+    def make(kv_tokens: int, **config: Any) -> SimEngine:
+        return SimEngine(kv_tokens=kv_tokens, policy="session_ttl", policy_config=config,
+                         max_running_requests=64, context_length=4096, max_jump_steps=1)
 
-    @classmethod
-    def init_new(cls, reqs, *args, chunked_req=None, **kwargs):
-        return cls(list(reqs), chunked_req)
-
-    def prepare_for_extend(self):
-        pass
+    return make
 
 
-class MiniEngine:
-    """A stand-in Scheduler that runs SGLang's real admission code.
+class Requests:
+    """SimRequests like ``Kit.new_req`` (EOS not ignored; the lease TTL travels as the sidecar
+    sends it); the finished ones land in ``done``, in finishing order."""
 
-    ``_get_new_batch_prefill_raw`` and ``is_fully_idle`` are the real (plugin-
-    hooked) Scheduler methods bound to this object; PrefillAdder, PrefillBudget,
-    SchedulePolicy, the cache, its locks and eviction are real. What is simulated:
-    the forward pass (KV slots are allocated the way prepare_for_extend/decode
-    would, output tokens are made up) and retraction (SGLang's release_req, then
-    re-queue). ``valve=False`` calls the unhooked admission method instead.
-    """
+    def __init__(self) -> None:
+        self.done: list[Any] = []
+        self._rid = 0
 
-    def __init__(self, kit: Kit, cache, valve: bool = True, max_running: int = 64):
-        import torch
-        from sglang.srt.disaggregation.utils import DisaggregationMode
-        from sglang.srt.managers import scheduler as sched_mod
-        from sglang.srt.managers.schedule_batch import ScheduleBatch, release_req
-        from sglang.srt.managers.schedule_policy import PrefillAdder, SchedulePolicy
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    def __call__(self, prompt, max_new_tokens: int, session_id=None, ttl=None):
+        from sidecar_tools.simulator.engine import SimRequest
 
-        S = sched_mod.Scheduler
-        self.kit, self.torch, self.cache = kit, torch, cache
-        self.ScheduleBatch, self.release_req = ScheduleBatch, release_req
-        self.SpeculativeAlgorithm = SpeculativeAlgorithm
-        raw = S._get_new_batch_prefill_raw
-        if not valve:
-            raw = raw.__wrapped__  # the method as SGLang ships it
-        self._get_new_batch_prefill_raw = types.MethodType(raw, self)
-        self.is_fully_idle = types.MethodType(S.is_fully_idle, self)
-        self._pp_microbatches_drained = types.MethodType(
-            S._pp_microbatches_drained, self
-        )
-        self.get_num_allocatable_reqs = types.MethodType(
-            S.get_num_allocatable_reqs, self
-        )
-        self.get_prefill_adder_class = lambda: PrefillAdder
-        self._add_request_to_queue = lambda req, is_retracted=False: (
-            self.waiting_queue.append(req)
+        self._rid += 1
+        return SimRequest(
+            rid=f"q{self._rid}",
+            input_ids=list(prompt),
+            max_new_tokens=max_new_tokens,
+            session_id=session_id,
+            ignore_eos=False,
+            custom_params=None if ttl is None else {"session_lease_ttl_s": ttl},
+            on_update=self._on_update,
         )
 
-        self.tree_cache = cache
-        self.req_to_token_pool = cache.req_to_token_pool
-        self.token_to_kv_pool_allocator = cache.token_to_kv_pool_allocator
-        self.policy = SchedulePolicy("fcfs", cache, False, False, False)
-        self.waiting_queue: list[Any] = []
-        self.running_batch = ScheduleBatch(reqs=[], batch_is_full=False)
-        self.chunked_req = None
-        self.last_batch = None
-        self.result_queue: list[Any] = []
-        self.enable_overlap = False
-        self._engine_paused = False
-        self.disaggregation_mode = DisaggregationMode.NULL
-        ns = types.SimpleNamespace
-        self.grammar_manager = ns(has_waiting_grammars=lambda: False, grammar_queue=[])
-        self.dllm_manager = ns(any_staging_reqs=lambda: False)
-        self.beam_coordinator = ns(pending_member_rows=lambda batch: 0)
-        self.tp_worker = ns(
-            model_runner=ns(attn_backend=object(), prefill_aware_swa=False)
-        )
-        self.new_token_ratio_tracker = ns(current=0.7)
-        self.load_inquirer = ns(_get_num_pending_tokens=lambda chunk_deduct=0: 0)
-        self.enable_priority_preemption = self.enable_priority_scheduling = False
-        self.is_hybrid_swa = self.is_mixed_chunk = self.enable_lora = False
-        self.enable_hicache_storage = self.enable_lmcache = self.enable_hisparse = False
-        self.enable_hierarchical_cache = self.enable_unified_cache_external_linker = (
-            False
-        )
-        self.min_free_slots_delayer = self.dynamic_chunk_sizer = self.dllm_config = None
-        self.hisparse_coordinator = self.truncation_align_size = None
-        self.chunked_prefill_size = None
-        self.page_size = 1
-        self.max_prefill_tokens = 1 << 20
-        self.max_running_requests = max_running
-        self.max_prefill_bs = 0
-        self.priority_scheduling_preemption_threshold = 10
-        self.processed_tokens_counter = 0
-        self.model_config = None
-        self.spec_algorithm = SpeculativeAlgorithm.NONE
-        self._sched_mod = sched_mod
-        self.finished: list[Any] = []
-        self.retractions = 0
-        self.prefill_passes = 0
-
-    # -- one scheduler iteration: admit (real code) then one simulated forward step
-    def step(self) -> dict[str, int]:
-        admitted = self._prefill()
-        decoded = 0 if admitted else self._decode()
-        return {"admitted": admitted, "decoded": decoded}
-
-    def _prefill(self) -> int:
-        mod = self._sched_mod
-        saved = (mod.ScheduleBatch, mod.PrefillStats)
-        mod.ScheduleBatch = _StubBatch
-        mod.PrefillStats = types.SimpleNamespace(from_adder=lambda *a, **k: None)
-        try:
-            batch, running = self._get_new_batch_prefill_raw(None, self.running_batch)
-        finally:
-            mod.ScheduleBatch, mod.PrefillStats = saved
-        self.prefill_passes += 1
-        self.running_batch = running
-        if batch is None:
-            return 0
-        assert batch.chunked_req is None, "the harness does not chunk"
-        for req in batch.reqs:
-            self._run_extend(req)
-        self._merge(batch.reqs)
-        return len(batch.reqs)
-
-    def _run_extend(self, req) -> None:
-        """What prepare_for_extend + one forward do to the request's KV."""
-        cache, pool = self.cache, self.req_to_token_pool
-        if req.kv.req_pool_idx is None:
-            pool.alloc([req])
-        prefix = cache.prefix_device_indices(req)
-        fill = len(req.full_untruncated_fill_ids)
-        new = self.kit.alloc_kv(cache, fill - len(prefix))
-        pool.write((req.kv.req_pool_idx, slice(0, fill)), self.torch.cat([prefix, new]))
-        req.kv.kv_committed_len = req.kv.kv_allocated_len = fill
-        req.kv.cache_protected_len = len(prefix)
-        req.output_ids.append(7)  # first sampled token
-
-    def _merge(self, reqs) -> None:
-        running = [r for r in self.running_batch.reqs] + list(reqs)
-        self.running_batch = self._batch(running)
-        self._finish_done()
-
-    def _batch(self, reqs):
-        return self.ScheduleBatch(
-            reqs=reqs,
-            req_to_token_pool=self.req_to_token_pool,
-            token_to_kv_pool_allocator=self.token_to_kv_pool_allocator,
-            tree_cache=self.cache,
-            device="cpu",
-            spec_algorithm=self.SpeculativeAlgorithm.NONE,
-        )
-
-    def _decode(self) -> int:
-        batch = self.running_batch
-        if batch.is_empty():
-            return 0
-        while not batch.check_decode_mem():  # real check (+ the plugin's decode valve)
-            victim = batch.reqs[
-                -1
-            ]  # SGLang's order differs; any victim shows the effect
-            assert len(batch.reqs) > 1, "decode OOM with a single request"
-            self.release_req(
-                req=victim,
-                remaing_req_count=len(batch.reqs) - 1,
-                req_to_token_pool=self.req_to_token_pool,
-                token_to_kv_pool_allocator=self.token_to_kv_pool_allocator,
-                tree_cache=self.cache,
-                hisparse_coordinator=None,
-            )
-            victim.reset_for_retract()
-            victim.output_ids = array("q")
-            self.retractions += 1
-            batch = self._batch(batch.reqs[:-1])
-            self.waiting_queue.append(victim)
-        kv = self.token_to_kv_pool_allocator.alloc(len(batch.reqs))
-        assert kv is not None, "decode allocation failed after check_decode_mem"
-        for i, req in enumerate(batch.reqs):
-            pos = req.kv.kv_allocated_len
-            self.req_to_token_pool.write(
-                (req.kv.req_pool_idx, slice(pos, pos + 1)), kv[i : i + 1]
-            )
-            req.kv.kv_committed_len = req.kv.kv_allocated_len = pos + 1
-            req.output_ids.append(7)
-        self.running_batch = batch
-        self._finish_done()
-        return len(batch.reqs)
-
-    def _finish_done(self) -> None:
-        keep = []
-        for req in self.running_batch.reqs:
-            if len(req.output_ids) >= req.sampling_params.max_new_tokens:
-                req.finished_reason = self.kit.FINISH_LENGTH(length=len(req.output_ids))
-                self.kit.release_kv_cache(req, self.cache, checkpoint=True)
-                self.finished.append(req)
-            else:
-                keep.append(req)
-        self.running_batch = self._batch(keep)
-
-    def idle(self) -> bool:
-        return not self.waiting_queue and self.running_batch.is_empty()
+    def _on_update(self, sim) -> None:
+        if sim.finished:
+            self.done.append(sim)
 
 
 @pytest.fixture
-def make_engine(kit):
-    def make(cache, **kwargs) -> MiniEngine:
-        return MiniEngine(kit, cache, **kwargs)
+def requests():
+    return Requests()
 
-    return make
+
+@pytest.fixture
+def admit_step():
+    """``admit_step(engine)``: one scheduler iteration (a prefill, else one decode step); how
+    many queued requests it admitted (only admission takes requests out of the queue here;
+    retracted ones rejoin it)."""
+
+    def step(engine) -> int:
+        queued = {id(r) for r in engine.waiting_queue}
+        engine.step()
+        return len(queued - {id(r) for r in engine.waiting_queue})
+
+    return step

@@ -1,4 +1,6 @@
-"""Scheduler-side hooks on SGLang's real methods: lease clock, valves, /server_info."""
+"""Scheduler-side hooks: lease clock, valves, /server_info. The clock and /server_info go
+through SGLang's real (hooked) methods; the valves run in the simulator's scheduler loop
+(``make_engine``), which calls the plugin's hooks where SGLang's Scheduler would."""
 
 from __future__ import annotations
 
@@ -28,11 +30,13 @@ class Anything:
         return None
 
 
-def test_rank0_clock_ticks_drive_expiry_on_every_rank(kit, plugin, make_engine):
+def test_rank0_clock_ticks_drive_expiry_on_every_rank(kit, plugin, make_engine, requests):
     from sglang.srt.managers.scheduler import Scheduler
 
-    def rank():
-        cache = kit.make_cache(256, config={"tick_interval_s": 0.5})
+    engine0 = make_engine(256, tick_interval_s=0.5)  # rank 0's queues, for _poll_timeout_aborts
+
+    def rank(cache=None):
+        cache = cache or kit.make_cache(256, config={"tick_interval_s": 0.5})
         sched = Anything()
         sched.tree_cache = cache
         sched.metrics_collector = None  # --enable-metrics off
@@ -43,8 +47,7 @@ def test_rank0_clock_ticks_drive_expiry_on_every_rank(kit, plugin, make_engine):
         )  # real method + the plugin's AFTER hook
         return cache, sched, plugin.manager_of(cache)
 
-    (c0, s0, m0), (c1, s1, m1) = rank(), rank()
-    engine0 = make_engine(c0)  # rank 0's queues, for _poll_timeout_aborts
+    (c0, s0, m0), (c1, s1, m1) = rank(engine0.cache), rank()
     poll = types.MethodType(Scheduler._poll_timeout_aborts, engine0)
     assert poll() == []  # idle and nothing leased: no tick, the loop stays quiet
 
@@ -69,7 +72,7 @@ def test_rank0_clock_ticks_drive_expiry_on_every_rank(kit, plugin, make_engine):
     assert "A" not in m0.table and "A" not in m1.table
     assert c0.protected_size() == c1.protected_size() == 0
 
-    engine0.waiting_queue.append(kit.new_req(toks(1, 5), 4))  # busy: regular ticks
+    engine0.submit(requests(toks(1, 5), 4))  # busy: regular ticks
     time.sleep(0.55)
     assert len(poll()) == 1
     assert poll() == []  # not again within tick_interval_s
@@ -77,23 +80,18 @@ def test_rank0_clock_ticks_drive_expiry_on_every_rank(kit, plugin, make_engine):
     assert len(poll()) == 1
 
 
-def _decode_scenario(kit, make_engine, plugin, release_on_decode_pressure: bool):
-    cache = kit.make_cache(
-        400,
-        config={
-            "max_leased_fraction": 0.9,
-            "release_on_decode_pressure": release_on_decode_pressure,
-        },
+def _decode_scenario(kit, make_engine, plugin, requests, admit_step, release_on_decode_pressure: bool):
+    engine = make_engine(
+        400, max_leased_fraction=0.9, release_on_decode_pressure=release_on_decode_pressure
     )
+    cache = engine.cache
     mgr = plugin.manager_of(cache)
     mgr.on_tick(0.0)
     kit.finish(cache, "A", toks(1000, 100), toks(1900, 10), ttl=100)
     kit.finish(cache, "B", toks(2000, 100), toks(2900, 10), ttl=100)
-    engine = make_engine(cache)
-    engine.waiting_queue += [
-        kit.new_req(toks(5000 + 100 * i, 20), 30) for i in range(2)
-    ]
-    assert engine.step()["admitted"] == 2
+    for i in range(2):
+        engine.submit(requests(toks(5000 + 100 * i, 20), 30))
+    assert admit_step(engine) == 2
     # Meanwhile another agent's turn ends and is leased: the pool is now tight.
     kit.finish(cache, "C", toks(3000, 120), toks(3900, 10), ttl=100)
     assert cache.token_to_kv_pool_allocator.available_size() == 10
@@ -104,43 +102,42 @@ def _decode_scenario(kit, make_engine, plugin, release_on_decode_pressure: bool)
     return engine, mgr
 
 
-def test_decode_valve_releases_leases_before_retracting(kit, plugin, make_engine):
-    engine, mgr = _decode_scenario(kit, make_engine, plugin, True)
-    assert len(engine.finished) == 2 and engine.retractions == 0
+def _retractions(engine) -> float:
+    return engine.counters.get("sglang:num_retracted_requests_total", 0)
+
+
+def test_decode_valve_releases_leases_before_retracting(kit, plugin, make_engine, requests, admit_step):
+    engine, mgr = _decode_scenario(kit, make_engine, plugin, requests, admit_step, True)
+    assert len(requests.done) == 2 and _retractions(engine) == 0
     assert mgr.metrics.get("pressure_releases", stage="decode") >= 1
     assert mgr.table.count("hard") >= 1  # only as many leases as needed went
 
 
-def test_without_decode_release_sglang_retracts(kit, plugin, make_engine):
-    engine, mgr = _decode_scenario(kit, make_engine, plugin, False)
-    assert engine.retractions >= 1
+def test_without_decode_release_sglang_retracts(kit, plugin, make_engine, requests, admit_step):
+    engine, mgr = _decode_scenario(kit, make_engine, plugin, requests, admit_step, False)
+    assert _retractions(engine) >= 1
     assert mgr.metrics.get("pressure_releases", stage="decode") == 0
 
 
-def test_prefill_valve_waits_while_requests_run(kit, plugin, make_engine):
-    cache = kit.make_cache(400, config={"max_leased_fraction": 0.9})
+def test_prefill_valve_waits_while_requests_run(kit, plugin, make_engine, requests, admit_step):
+    engine = make_engine(400, max_leased_fraction=0.9)
+    cache = engine.cache
     mgr = plugin.manager_of(cache)
     mgr.on_tick(0.0)
     kit.finish(cache, "A", toks(1000, 100), toks(1900, 10), ttl=100)
     kit.finish(cache, "B", toks(2000, 100), toks(2900, 10), ttl=900)
-    engine = make_engine(cache)
-    engine.waiting_queue.append(kit.new_req(toks(5000, 20), 30))
-    assert engine.step()["admitted"] == 1
-    big = kit.new_req(toks(7000, 170), 10)  # needs 181 > 180 ever free beside leases
-    engine.waiting_queue.append(big)
+    engine.submit(requests(toks(5000, 20), 30))
+    assert admit_step(engine) == 1
+    big = requests(toks(7000, 170), 10)  # needs 181 > 180 ever free beside leases
+    engine.submit(big)
     while not engine.running_batch.is_empty():
-        assert (
-            engine.step()["admitted"] == 0
-        )  # refused, but the running one will free KV
+        assert admit_step(engine) == 0  # refused, but the running one will free KV
         assert mgr.metrics.total("pressure_releases") == 0 and len(mgr.table) == 2
-    assert engine.step()["admitted"] == 0  # now stuck: the valve acts ...
+    assert admit_step(engine) == 0  # now stuck: the valve acts ...
     assert mgr.metrics.get("pressure_releases", stage="prefill") == 1
-    assert [l.session_id for l in mgr.table.leases()] == [
-        "A"
-    ]  # B: longest absence/token
-    assert (
-        engine.step()["admitted"] == 1 and big in engine.running_batch.reqs
-    )  # ... and it runs
+    assert [l.session_id for l in mgr.table.leases()] == ["A"]  # B: longest absence/token
+    assert admit_step(engine) == 1  # ... and it runs
+    assert [r.rid for r in engine.running_batch.reqs] == [big.rid]
 
 
 def test_server_info_carries_lease_stats(kit, plugin):
@@ -166,27 +163,31 @@ def test_server_info_carries_lease_stats(kit, plugin):
     )
 
 
-def _queue_with_a_recompute_ahead_of_a_continuation(kit, plugin, make_engine, prefer: bool):
-    cache = kit.make_cache(400, config={"max_leased_fraction": 0.9, "prefer_leased_requests": prefer})
+def _queue_with_a_recompute_ahead_of_a_continuation(kit, plugin, make_engine, requests, prefer: bool):
+    engine = make_engine(400, max_leased_fraction=0.9, prefer_leased_requests=prefer)
+    cache = engine.cache
     mgr = plugin.manager_of(cache)
     mgr.on_tick(0.0)
     kit.finish(cache, "A", toks(1000, 150), toks(1900, 10), ttl=100)
     kit.finish(cache, "B", toks(2000, 150), toks(2900, 10), ttl=100)  # 320 of 400 tokens leased
-    engine = make_engine(cache)
-    recompute = kit.new_req(toks(7000, 100), 10, "C")  # history gone: needs 112 > 80 free
-    continuation = kit.new_req(toks(1000, 150) + toks(1900, 10) + toks(3000, 20), 10, "A")
-    engine.waiting_queue += [recompute, continuation]
+    recompute = requests(toks(7000, 100), 10, "C")  # history gone: needs 112 > 80 free
+    continuation = requests(toks(1000, 150) + toks(1900, 10) + toks(3000, 20), 10, "A")
+    engine.submit(recompute)
+    engine.submit(continuation)
     return engine, mgr, continuation
 
 
-def test_leased_continuation_is_not_stalled_behind_a_recompute(kit, plugin, make_engine):
-    engine, mgr, continuation = _queue_with_a_recompute_ahead_of_a_continuation(kit, plugin, make_engine, True)
-    assert engine.step()["admitted"] == 1 and continuation in engine.running_batch.reqs
+def test_leased_continuation_is_not_stalled_behind_a_recompute(kit, plugin, make_engine, requests, admit_step):
+    engine, mgr, continuation = _queue_with_a_recompute_ahead_of_a_continuation(
+        kit, plugin, make_engine, requests, True)
+    assert admit_step(engine) == 1
+    assert [r.rid for r in engine.running_batch.reqs] == [continuation.rid]
     assert mgr.metrics.total("pressure_releases") == 0 and len(mgr.table) == 2
 
 
-def test_without_reordering_the_recompute_blocks_and_costs_a_lease(kit, plugin, make_engine):
+def test_without_reordering_the_recompute_blocks_and_costs_a_lease(kit, plugin, make_engine, requests, admit_step):
     """Control: FCFS keeps the recompute at the head; nothing runs, so the valve must take a lease."""
-    engine, mgr, continuation = _queue_with_a_recompute_ahead_of_a_continuation(kit, plugin, make_engine, False)
-    assert engine.step()["admitted"] == 0
+    engine, mgr, continuation = _queue_with_a_recompute_ahead_of_a_continuation(
+        kit, plugin, make_engine, requests, False)
+    assert admit_step(engine) == 0
     assert mgr.metrics.get("pressure_releases", stage="prefill") == 1 and len(mgr.table) == 1
