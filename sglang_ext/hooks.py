@@ -10,12 +10,19 @@ Call sites (scheduler process unless noted):
 * UnifiedRadixCache.on_release -> grant / renew / end a lease when a request finishes
 * UnifiedRadixCache.reset      -> drop leases with the tree (flush_cache)
 * UnifiedRadixCache._evict_device_leaf -> count evictions of (soft-)leased KV
+  (with HiCache: a demotion to host keeps the lease)
+* UnifiedRadixCache.evict_host -> forget leases whose KV left the host too
+* UnifiedRadixCache.init_hicache -> log the tiers the plugin sees
 * Scheduler.close_session / handle_generate_request -> release / reopen a session
 * Scheduler._poll_timeout_aborts (rank 0) -> emit a LeaseClockTick into the input
   broadcast; Scheduler.init_request_dispatcher -> handle it on every rank (expiry)
-* PrefillAdder.add_one_req + Scheduler._get_new_batch_prefill_raw -> prefill valve
+* PrefillAdder.add_one_req + Scheduler._get_new_batch_prefill_raw -> prefill valve;
+  admission accounting (returning turns, critical-path load-back); with HiCache,
+  after the pass: guard the batch against in-flight prefetches, then prefetch
 * ScheduleBatch.check_decode_mem -> decode valve (release leases before retracting)
 * SchedulerInternalStateController.get_internal_state -> lease stats in /server_info
+* SchedulerInternalStateController.set_internal_state -> the after-turn channel
+  (keys "sglang_ext:<field>:<session>"; the rest goes to SGLang unchanged)
 * resolution step handle_cache_compatibility (main process) -> validate settings early
 """
 
@@ -31,8 +38,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .manager import LeaseManager
-from .settings import POLICY_NAME, SessionTTLSettings
+from .settings import POLICY_NAME, SessionTTLSettings, seconds_or_none
 from .strategy import SessionTTLStrategy
+from .wire import AFTER_TURN_PREFIX, parse_after_turn_key
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +158,26 @@ def evict_device_leaf(original, cache, node_id, tracker, *args, **kwargs):
 @_guarded
 def _note_eviction(mgr: LeaseManager, node_id: int, tokens: int) -> None:
     if tokens > 0:
-        mgr.on_evicted(node_id, tokens)
+        # With a host tier a backed-up node stays in the tree with its host copy (demoted).
+        mgr.on_evicted(node_id, tokens, demoted=mgr.tree.in_tree(node_id))
+
+
+@_guarded
+def evict_host(result, cache, *args, **kwargs):
+    """AFTER UnifiedRadixCache.evict_host: host leaves went; so did leases ending there."""
+    mgr = manager_of(cache)
+    if mgr is not None and len(mgr.table):
+        mgr.drop_lost_leases()
+
+
+@_guarded
+def init_hicache(result, cache, *args, **kwargs):
+    """AFTER UnifiedRadixCache.init_hicache: say which tiers the plugin sees (binding the
+    manager logs them; a manager bound before the host tier came logs them again)."""
+    bound = getattr(getattr(getattr(cache, "tree_core", None), "eviction_strategy", None), "manager", None)
+    mgr = manager_of(cache)
+    if mgr is not None and mgr is bound:
+        logger.info("sglang_ext: session_ttl tiers: %s", mgr.host.describe())
 
 
 # --------------------------------------------------------------- session requests
@@ -251,11 +278,18 @@ def _maybe_export_metrics(scheduler: Any, mgr: LeaseManager) -> None:
 # ------------------------------------------------------------------ pressure valves
 @_guarded
 def add_one_req(result, adder, req, *args, **kwargs):
-    """AFTER PrefillAdder.add_one_req: remember the first request refused for KV."""
+    """AFTER PrefillAdder.add_one_req: remember the first request refused for KV; account an
+    admitted one (its load-back ran now, on its critical path; a leased session returned)."""
+    mgr = manager_of(adder.tree_cache)
+    if mgr is None:
+        return
     if getattr(result, "name", None) == "NO_TOKEN":
-        mgr = manager_of(adder.tree_cache)
-        if mgr is not None and mgr.blocked_head is None:
+        if mgr.blocked_head is None:
             mgr.blocked_head = req
+    elif req in adder.can_run_list:
+        mgr.on_admitted(
+            getattr(req, "session_id", None), req.last_node, int(getattr(req, "host_loaded_length", 0) or 0)
+        )
 
 
 def get_new_batch_prefill_raw(original, scheduler, *args, **kwargs):
@@ -281,7 +315,17 @@ def get_new_batch_prefill_raw(original, scheduler, *args, **kwargs):
     if result[0] is None and mgr.blocked_head is not None and mgr.has_hard():
         _relieve_prefill_stall(scheduler, mgr, result[1])
     mgr.blocked_head = None
+    if mgr.host.active:
+        _after_prefill_pass(scheduler, mgr, result[0])
     return result
+
+
+@_guarded
+def _after_prefill_pass(scheduler: Any, mgr: LeaseManager, batch: Any) -> None:
+    busy = _busy_sessions(scheduler)
+    if batch is not None:
+        busy |= _session_ids(batch.reqs)
+    mgr.host.after_prefill_pass(batch, busy)
 
 
 def leased_first(waiting_queue: list, mgr: LeaseManager) -> None:
@@ -363,6 +407,56 @@ def get_internal_state(result, controller, *args, **kwargs):
         result.internal_state["session_ttl"] = mgr.snapshot()
 
 
+def set_internal_state(original, controller, recv_req, *args, **kwargs):
+    """AROUND SchedulerInternalStateController.set_internal_state: the after-turn channel.
+
+    Keys ``sglang_ext:<field>:<session_id>`` (``wire.after_turn_state``) update that session's
+    lease; every other key goes to SGLang, which accepts or refuses them as it always did. The
+    request is all-or-nothing like SGLang's: a malformed plugin key or value, or a refusal by
+    SGLang, applies nothing. It arrives in every rank's input stream at the same position, and
+    the new values are stamped at the next lease-clock tick, so all ranks decide alike.
+    """
+    server_args = getattr(recv_req, "server_args", None) or {}
+    ours = {k: v for k, v in server_args.items() if isinstance(k, str) and k.startswith(AFTER_TURN_PREFIX)}
+    mgr = manager_of(getattr(controller.scheduler, "tree_cache", None)) if ours else None
+    if mgr is None:  # inert: SGLang refuses the keys it does not know, ours included
+        return original(controller, recv_req, *args, **kwargs)
+    from sglang.srt.managers.io_struct import SetInternalStateReqOutput
+
+    try:
+        updates = _parse_after_turn(ours)
+    except ValueError as exc:
+        logger.warning("sglang_ext: /set_internal_state refused: %s", exc)
+        return SetInternalStateReqOutput(updated=False)
+    rest = {k: v for k, v in server_args.items() if k not in ours}
+    if rest:
+        import msgspec
+
+        result = original(controller, msgspec.structs.replace(recv_req, server_args=rest), *args, **kwargs)
+        if not getattr(result, "updated", False):
+            return result
+    _apply_after_turn(mgr, updates)
+    return SetInternalStateReqOutput(updated=True)
+
+
+def _parse_after_turn(keys: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """{session: {field: seconds}}; ValueError naming the first bad key or value."""
+    updates: dict[str, dict[str, float]] = {}
+    for key, value in keys.items():
+        field, session_id = parse_after_turn_key(key)
+        seconds = seconds_or_none(value)
+        if seconds is None:
+            raise ValueError(f"{key} must be a finite number of seconds >= 0, got {value!r}")
+        updates.setdefault(session_id, {})[field] = seconds
+    return updates
+
+
+@_guarded
+def _apply_after_turn(mgr: LeaseManager, updates: dict[str, dict[str, float]]) -> None:
+    for session_id, fields in updates.items():
+        mgr.update_after_turn(session_id, fields.get("ttl"), fields.get("expect"), fields.get("spread"))
+
+
 # --------------------------------------------------------- main-process validation
 def validate_server_args(server_args, previous):
     """Resolution hook on handle_cache_compatibility (main process): reject bad
@@ -396,6 +490,8 @@ def hook_table():
         (f"{_CACHE}.on_release", on_release, A),
         (f"{_CACHE}.reset", on_reset, A),
         (f"{_CACHE}._evict_device_leaf", evict_device_leaf, R),
+        (f"{_CACHE}.evict_host", evict_host, A),
+        (f"{_CACHE}.init_hicache", init_hicache, A),
         (f"{_SCHED}.close_session", close_session, A),
         (f"{_SCHED}.handle_generate_request", handle_generate_request, B),
         (f"{_SCHED}._poll_timeout_aborts", poll_timeout_aborts, A),
@@ -418,5 +514,13 @@ def hook_table():
             ),
             get_internal_state,
             A,
+        ),
+        (
+            (
+                "sglang.srt.managers.scheduler_components.internal_state."
+                "SchedulerInternalStateController.set_internal_state"
+            ),
+            set_internal_state,
+            R,
         ),
     ]

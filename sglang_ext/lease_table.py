@@ -8,7 +8,8 @@ Time is the *lease clock*: the last rank-0 timestamp the scheduler received
 (see ``hooks.LeaseClockTick``), so every TP rank expires the same leases at the
 same point of its request stream. A lease granted between two ticks has no
 expiry yet (``expires_at is None``); the next tick stamps it with
-``tick + ttl_s``.
+``tick + ttl_s``. An expected return (``expect_s``) is stamped the same way
+(``expected_at``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ class Lease:
 
     ``tier`` is HARD (the node is locked in the tree: not evictable, not free for
     admission) or SOFT (unlocked; the eviction strategy ranks it after unleased KV).
-    ``handle`` is the tree lock of a hard lease, opaque here.
+    ``handle`` is the tree lock of a hard lease, opaque here. ``expect_s`` / ``spread_s``:
+    when the session is expected back (seconds after the stamp) and how much earlier it
+    may come; ``prefetch`` is "issued" while KV loaded ahead of the return awaits it;
+    ``returned``: a request of the session was admitted since the grant.
     """
 
     session_id: str
@@ -41,6 +45,11 @@ class Lease:
     tier: str
     expires_at: float | None = None
     handle: Any = field(default=None, repr=False)
+    expect_s: float | None = None
+    spread_s: float = 0.0
+    expected_at: float | None = None
+    prefetch: str | None = None
+    returned: bool = False
 
     @property
     def hard(self) -> bool:
@@ -51,6 +60,23 @@ class Lease:
         if self.expires_at is None or now is None:
             return self.ttl_s
         return max(self.expires_at - now, 0.0)
+
+    def expected_back(self, now: float | None) -> float | None:
+        """Lease-clock time the session is expected back, None without an expectation."""
+        if self.expect_s is None:
+            return None
+        if self.expected_at is not None:
+            return self.expected_at
+        return (now or 0.0) + self.expect_s
+
+    def due_back(self, now: float | None) -> float:
+        """The expected return, or (without one) the end of the lease: what orders eviction."""
+        expected = self.expected_back(now)
+        if expected is not None:
+            return expected
+        if self.expires_at is not None:
+            return self.expires_at
+        return (now or 0.0) + self.ttl_s
 
 
 class LeaseTable:
@@ -103,8 +129,11 @@ class LeaseTable:
         if self._expiry_index is None:
             leases = self._by_session.values()
             stamped = [l.expires_at for l in leases if l.expires_at is not None]
+            unstamped_expectation = any(
+                l.expect_s is not None and l.expected_at is None for l in leases
+            )
             self._expiry_index = (
-                len(stamped) < len(self._by_session),
+                len(stamped) < len(self._by_session) or unstamped_expectation,
                 min(stamped) if stamped else None,
             )
         return self._expiry_index
@@ -117,12 +146,17 @@ class LeaseTable:
         ttl_s: float,
         tier: str,
         handle: Any = None,
+        expect_s: float | None = None,
+        spread_s: float = 0.0,
     ) -> tuple[Lease, Lease | None]:
         """Grant (or renew) the session's lease; returns (new, replaced-or-None)."""
         old = self.pop(session_id)
         self._expiry_index = None
         self._seq += 1
-        lease = Lease(session_id, node_id, float(ttl_s), self._seq, tier, None, handle)
+        lease = Lease(
+            session_id, node_id, float(ttl_s), self._seq, tier, None, handle,
+            expect_s=expect_s, spread_s=float(spread_s),
+        )
         self._by_session[session_id] = lease
         self._by_node.setdefault(node_id, {})[session_id] = lease
         return lease, old
@@ -145,6 +179,33 @@ class LeaseTable:
         lease.handle = None
         return lease
 
+    def promote(self, session_id: str, handle: Any) -> Lease:
+        """Turn a soft lease hard; the caller has locked its node (``handle``)."""
+        lease = self._by_session[session_id]
+        lease.tier = HARD
+        lease.handle = handle
+        return lease
+
+    def restamp(
+        self,
+        session_id: str,
+        ttl_s: float | None = None,
+        expect_s: float | None = None,
+        spread_s: float | None = None,
+    ) -> Lease | None:
+        """Replace the session's TTL and/or expected return, counted from the next tick."""
+        lease = self._by_session.get(session_id)
+        if lease is None:
+            return None
+        self._expiry_index = None
+        if ttl_s is not None:
+            lease.ttl_s, lease.expires_at = float(ttl_s), None
+        if expect_s is not None:
+            lease.expect_s, lease.expected_at = float(expect_s), None
+        if spread_s is not None:
+            lease.spread_s = float(spread_s)
+        return lease
+
     def advance(self, now: float, hold: frozenset[str] | set[str] = frozenset()) -> list[Lease]:
         """Move the clock to ``now``: stamp new leases, remove and return due ones.
 
@@ -156,6 +217,8 @@ class LeaseTable:
         self._expiry_index = None
         due = []
         for lease in self.leases():
+            if lease.expect_s is not None and lease.expected_at is None:
+                lease.expected_at = now + lease.expect_s
             if lease.expires_at is None:
                 lease.expires_at = now + lease.ttl_s
             elif lease.expires_at <= now and lease.session_id not in hold:

@@ -10,7 +10,9 @@ Invariants:
 * hard-leased tokens (union of hard paths) stay <= ``limit_tokens()`` after
   every grant (overflow is demoted to soft, or dropped with soft_overflow=off);
 * every lease leaves the table through ``_retire`` (which unlocks it), except
-  ``forget_all`` after the tree itself was reset (its locks died with it).
+  ``forget_all`` after the tree itself was reset (its locks died with it);
+* with a host tier (HiCache), ``host`` decides which leases need a lock at all
+  (``host_tier``); without one every lease is hard until the bound demotes it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
+from .host_tier import HostTier
 from .lease_table import (
     HARD,
     SOFT,
@@ -30,7 +33,7 @@ from .lease_table import (
     union_tokens,
 )
 from .metrics import LeaseMetrics
-from .settings import TTL_PARAM, SessionTTLSettings, parse_ttl
+from .settings import TTL_PARAM, SessionTTLSettings, parse_expectation, parse_ttl
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +63,7 @@ class LeaseManager:
         self.blocked_head: Any = None
         self.scheduler_ref: Any = None
         self.metrics_checked = False
+        self.host = HostTier(self)
         self._refresh_gauges()
 
     # ------------------------------------------------------------------ numbers
@@ -90,7 +94,9 @@ class LeaseManager:
         if self.table.has_unstamped():
             return True
         nxt = self.table.next_expiry()
-        return nxt is not None and now >= nxt
+        if nxt is not None and now >= nxt:
+            return True
+        return self.host.due(now)
 
     def tick_sent(self, now: float) -> None:
         self._last_tick_sent = now
@@ -104,6 +110,8 @@ class LeaseManager:
             self.metrics.inc("expirations", tier=lease.tier)
         if due:
             self._recount()
+        if self.host.active:
+            self.host.retier(set(busy))
         self._refresh_gauges()
         return due
 
@@ -124,7 +132,8 @@ class LeaseManager:
         elif self.tree.is_root(node_id):
             self.end(session_id, reason="ended")  # nothing cached to keep
         else:
-            self.grant(session_id, node_id, ttl)
+            expect_s, spread_s = parse_expectation(custom_params)
+            self.grant(session_id, node_id, ttl, expect_s, spread_s)
 
     def note_arrival(self, session_id: str | None) -> None:
         """A new request of the session arrived: it is open again."""
@@ -150,10 +159,23 @@ class LeaseManager:
         self._refresh_gauges()
         return True
 
-    def grant(self, session_id: str, node_id: int, ttl_s: float) -> Lease:
-        """Lease (or renew) with a real tree lock, then enforce the bound."""
-        handle = self.tree.lock(node_id)  # lock the new node before the old one goes
-        lease, old = self.table.put(session_id, node_id, ttl_s, HARD, handle)
+    def grant(
+        self,
+        session_id: str,
+        node_id: int,
+        ttl_s: float,
+        expect_s: float | None = None,
+        spread_s: float = 0.0,
+    ) -> Lease:
+        """Lease (or renew) with a real tree lock, then enforce the bound. With a host tier the
+        lease is locked only if ``host_tier`` says losing the KV would cost a recompute or a
+        reload on the critical path."""
+        tier = HARD
+        if self.host.active:
+            probe = Lease(session_id, node_id, ttl_s, 0, HARD, expect_s=expect_s, spread_s=spread_s)
+            tier = self.host.tier_for_grant(probe)
+        handle = self.tree.lock(node_id) if tier == HARD else None  # before the old one goes
+        lease, old = self.table.put(session_id, node_id, ttl_s, tier, handle, expect_s, spread_s)
         if old is not None:
             self._retire(old)
         self.metrics.inc("grants")
@@ -167,6 +189,7 @@ class LeaseManager:
         for lease in dropped:
             self.metrics.inc("releases", reason="flush")
         self._hard_tokens = 0
+        self.host.forget()
         self._refresh_gauges()
         return len(dropped)
 
@@ -217,17 +240,104 @@ class LeaseManager:
         return released, gained
 
     # ----------------------------------------------------------------- eviction
-    def on_evicted(self, node_id: int, tokens: int) -> None:
-        """A node left device memory; leases pointing at it are spent."""
+    def on_evicted(self, node_id: int, tokens: int, demoted: bool = False) -> None:
+        """A node left device memory. Dropped: leases pointing at it are spent. ``demoted`` (its
+        KV stays on host): they stay, to be loaded back on return or by a prefetch."""
         for lease in self.table.on_node(node_id):
-            self.metrics.inc("leased_evicted_tokens", tokens, tier=lease.tier)
             if lease.hard:  # cannot happen: hard leases are locked
                 logger.error("sglang_ext: locked leased node %d was evicted", node_id)
+            self._prefetch_outcome(lease, used=False)
+            if demoted:
+                self.metrics.inc("leased_demoted_tokens", tokens, tier=lease.tier)
+                continue
+            self.metrics.inc("leased_evicted_tokens", tokens, tier=lease.tier)
             self.table.pop(lease.session_id)
         self._refresh_gauges()
 
+    def drop_lost(self, lease: Lease) -> None:
+        """The lease's node left the tree on both tiers (host eviction): the lease is spent."""
+        self.table.pop(lease.session_id)
+        self._retire(lease)
+        self.metrics.inc("releases", reason="host_evicted")
+        self._refresh_gauges()
+
+    def drop_lost_leases(self) -> None:
+        """After SGLang evicted host leaves: forget leases whose node went with them."""
+        lost = [l for l in self.table.leases() if not self.tree.in_tree(l.node_id)]
+        for lease in lost:
+            self.drop_lost(lease)
+        if lost:
+            self._recount()
+
+    # ---------------------------------------------------------------- tiers
+    def soften(self, lease: Lease) -> None:
+        """Hard -> soft: unlock, keep the lease (its KV may now be demoted); caller recounts."""
+        if lease.handle is not None:
+            self.tree.unlock(lease.handle)
+        self.table.demote(lease.session_id)
+
+    def harden(self, lease: Lease) -> None:
+        """Soft -> hard: lock the lease's node; caller recounts."""
+        self.table.promote(lease.session_id, self.tree.lock(lease.node_id))
+
+    def hard_path_nodes(self) -> set[int]:
+        return {n for l in self.table.leases(HARD) for n, _ in self.tree.path(l.node_id)}
+
+    def extra_hard_tokens(self, node_id: int, hard_nodes: set[int]) -> int:
+        """Tokens a lock on ``node_id`` would add to the union of hard-leased paths."""
+        return sum(tokens for n, tokens in self.tree.path(node_id) if n not in hard_nodes)
+
+    def recount(self) -> None:
+        self._recount()
+        self._refresh_gauges()
+
+    # ---------------------------------------------------------------- turns
+    def update_after_turn(
+        self,
+        session_id: str,
+        ttl_s: float | None = None,
+        expect_s: float | None = None,
+        spread_s: float | None = None,
+    ) -> bool:
+        """The after-turn channel: replace the session's TTL / expected return (seconds from
+        the next tick). TTL 0 ends the lease. False when the session holds no lease."""
+        if session_id not in self.table:
+            self.metrics.inc("after_turn_updates", result="no_lease")
+            return False
+        self.metrics.inc("after_turn_updates", result="applied")
+        if ttl_s is not None and ttl_s <= 0.0:
+            self.end(session_id, reason="ended")
+            return True
+        if ttl_s is not None:
+            ttl_s = min(ttl_s, self.settings.max_ttl_s)
+        self.table.restamp(session_id, ttl_s, expect_s, spread_s)
+        return True
+
+    def on_admitted(self, session_id: str | None, last_node: Any, host_loaded_tokens: int) -> None:
+        """A request was admitted to a prefill batch. Its load-back (if any) ran at admission, on
+        its critical path. If its session holds a lease, this is the session's return: was the
+        leased KV on the GPU, loaded from host now, or missed (not a prefix of the request)?"""
+        if host_loaded_tokens > 0:
+            self.metrics.inc("critical_load_back_tokens", host_loaded_tokens)
+        lease = self.table.get(session_id) if session_id else None
+        if lease is None or lease.returned:
+            return
+        lease.returned = True
+        if not self.tree.on_path(lease.node_id, last_node):
+            where = "missed"
+        else:
+            where = "host" if host_loaded_tokens > 0 else "gpu"
+        self.metrics.inc("returning_turns", kv=where)
+        self._prefetch_outcome(lease, used=where == "gpu")
+
+    def _prefetch_outcome(self, lease: Lease, used: bool) -> None:
+        if lease.prefetch is not None:
+            lease.prefetch = None
+            self.metrics.inc("prefetches", outcome="used" if used else "wasted")
+
     # ------------------------------------------------------------ introspection
     def snapshot(self) -> dict[str, Any]:
+        returning = self.metrics.total("returning_turns")
         return {
             "settings": self.settings.model_dump(),
             "clock": self.table.clock,
@@ -235,12 +345,18 @@ class LeaseManager:
             "soft_leases": self.table.count(SOFT),
             "leased_tokens": self._hard_tokens,
             "limit_tokens": self.limit_tokens(),
+            "tiers": self.host.describe(),
+            "returning_turns_on_gpu_share": (
+                self.metrics.get("returning_turns", kv="gpu") / returning if returning else None
+            ),
             "metrics": self.metrics.snapshot(),
         }
 
     # ------------------------------------------------------------------ helpers
     def _retire(self, lease: Lease) -> None:
-        """Unlock a lease that has already left the table (no-op when soft)."""
+        """Unlock a lease that has already left the table (no-op when soft); KV prefetched
+        for a return that did not come was wasted."""
+        self._prefetch_outcome(lease, used=False)
         if lease.hard and lease.handle is not None:
             try:
                 self.tree.unlock(lease.handle)

@@ -74,7 +74,8 @@ METRIC_SPECS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "sglang_ext:session_lease_releases_total",
         (
             "Leases ended by the session (reason=ended: a request without TTL; closed: "
-            "/close_session) or dropped with the tree (reason=flush)."
+            "/close_session), dropped with the tree (reason=flush) or with their host copy "
+            "(reason=host_evicted)."
         ),
         ("reason",),
     ),
@@ -86,6 +87,75 @@ METRIC_SPECS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
             "hard leases are locked and must stay at 0)."
         ),
         ("tier",),
+    ),
+    # ---- host tier (HiCache)
+    "leased_demoted_tokens": (
+        "counter",
+        "sglang_ext:session_leased_demoted_tokens_total",
+        (
+            "KV tokens of a live lease's tail node moved from GPU to host (the lease stays; the "
+            "KV is reloadable)."
+        ),
+        ("tier",),
+    ),
+    "tier_changes": (
+        "counter",
+        "sglang_ext:session_lease_tier_changes_total",
+        (
+            "Leases moved by the host-tier rule: to=soft (KV backed up on host and not due, "
+            "unlocked), to=hard (locked: KV without host copy, or its session is due)."
+        ),
+        ("to",),
+    ),
+    "prefetches": (
+        "counter",
+        "sglang_ext:session_prefetches_total",
+        (
+            "Host-to-GPU loads of a session's KV ahead of its expected return: issued, then used "
+            "(its next request found the KV on the GPU) or wasted (the KV left the GPU, or the "
+            "lease ended, before that)."
+        ),
+        ("outcome",),
+    ),
+    "prefetched_tokens": (
+        "counter",
+        "sglang_ext:session_prefetched_tokens_total",
+        "KV tokens loaded from host by prefetches.",
+        (),
+    ),
+    "prefetch_skips": (
+        "counter",
+        "sglang_ext:session_prefetch_skips_total",
+        (
+            "Due prefetches held back (once per session and reason while due): reason=room "
+            "(only KV more valuable than it could make room), slots (another host-to-GPU load "
+            "pending), bound (hard-lease bound), declined (SGLang's load_back refused it)."
+        ),
+        ("reason",),
+    ),
+    "critical_load_back_tokens": (
+        "counter",
+        "sglang_ext:critical_load_back_tokens_total",
+        "KV tokens loaded from host at admission, on a request's critical path (not prefetched).",
+        (),
+    ),
+    "returning_turns": (
+        "counter",
+        "sglang_ext:session_returning_turns_total",
+        (
+            "First admission of a leased session's next request, by where its leased KV was: "
+            "kv=gpu (already on the GPU), host (loaded back at admission), missed (recomputed)."
+        ),
+        ("kv",),
+    ),
+    "after_turn_updates": (
+        "counter",
+        "sglang_ext:session_after_turn_updates_total",
+        (
+            "After-turn lease updates through /set_internal_state: result=applied, or no_lease "
+            "(the session held no lease)."
+        ),
+        ("result",),
     ),
 }
 

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 POLICY_NAME = "session_ttl"
 
-from .wire import LEASE_TTL_PARAM as TTL_PARAM  # noqa: F401  (parse_ttl reads it; manager names it in warnings)
+from .wire import EXPECTED_BACK_PARAM, EXPECTED_SPREAD_PARAM  # noqa: E402
+from .wire import LEASE_TTL_PARAM as TTL_PARAM  # noqa: E402,F401  (parse_ttl reads it; manager names it in warnings)
 
 
 class SessionTTLSettings(BaseModel):
@@ -63,6 +64,32 @@ class SessionTTLSettings(BaseModel):
         le=5.0,
         description="Granularity of the lease clock that rank 0 broadcasts to all ranks.",
     )
+    # ---- host tier (HiCache); read only when the cache has a host tier attached
+    tier_aware: bool = Field(
+        True,
+        description="With HiCache: order GPU eviction by the cost of bringing KV back (backed-up "
+        "KV first, latest expected return first) and hard-lease only KV that would otherwise be "
+        "recomputed or reloaded on the critical path; false keeps every lease hard as without HiCache.",
+    )
+    host_load_tokens_per_s: float = Field(
+        200_000.0,
+        gt=0.0,
+        description="Host-to-GPU load rate in KV tokens per second: a reload of N tokens is "
+        "expected to take N / this. Measure it on the GPU host (sglang:load_back_duration_seconds "
+        "against sglang:load_back_tokens_total).",
+    )
+    reload_margin_s: float = Field(
+        0.05,
+        ge=0.0,
+        le=60.0,
+        description="Added to the reload time: a session expected back within reload time + this "
+        "keeps its KV locked on the GPU, and a prefetch starts that long before the expected return.",
+    )
+    prefetch: bool = Field(
+        True,
+        description="With HiCache: load a session's KV back from host to GPU ahead of its expected "
+        "return when free or less valuable KV makes room.",
+    )
 
     @classmethod
     def from_policy_config(cls, config: Mapping[str, Any] | None) -> SessionTTLSettings:
@@ -106,3 +133,22 @@ def parse_ttl(
     if not math.isfinite(value) or value <= 0.0:
         return None
     return min(value, max_ttl_s)
+
+
+def parse_expectation(custom_params: Any) -> tuple[float | None, float]:
+    """(seconds until the session is expected back, spread) asked by one request.
+
+    No expectation, or a bad one (negative, non-finite, non-numeric), is None; a bad spread is 0."""
+    if not isinstance(custom_params, Mapping):
+        return None, 0.0
+    expect = seconds_or_none(custom_params.get(EXPECTED_BACK_PARAM))
+    spread = seconds_or_none(custom_params.get(EXPECTED_SPREAD_PARAM))
+    return expect, (spread or 0.0)
+
+
+def seconds_or_none(value: Any) -> float | None:
+    """A finite number of seconds >= 0, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and value >= 0.0 else None

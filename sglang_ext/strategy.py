@@ -31,6 +31,12 @@ class SessionTTLStrategy(EvictionStrategy):
     holds KV, so the whole path is protected. Without a lease (expired, released,
     never leased) a node is ordered exactly like ``LRUStrategy``.
 
+    With a host tier (HiCache, ``tier_aware``) SGLang calls the same method for GPU
+    and host eviction, and the order is by what bringing the KV back costs
+    (``host_tier.HostTier.eviction_key``): backed-up KV before KV without a host
+    copy, and within each, unleased KV (LRU) before leased KV, latest expected
+    return first.
+
     SGLang builds this object from ``--radix-eviction-policy-config`` (kwargs ->
     ``SessionTTLSettings``); the cache's lease manager is bound later by the
     plugin's hooks (``bind``), because the strategy exists before its cache.
@@ -46,7 +52,10 @@ class SessionTTLStrategy(EvictionStrategy):
             self.settings.describe(),
         )
 
-    def get_priority(self, node: Any) -> tuple[int, Any]:
+    def get_priority(self, node: Any) -> tuple:
+        mgr = self.manager
+        if mgr is not None and mgr.host.active:
+            return mgr.host.eviction_key(node)
         return (1 if self.table.is_soft_node(node.id) else 0, node.last_access_time)
 
     def bind(self, cache: Any) -> LeaseManager:
@@ -57,4 +66,5 @@ class SessionTTLStrategy(EvictionStrategy):
             self.manager = LeaseManager(
                 SGLangTree(cache), self.settings, self.table, self.metrics
             )
+            logger.info("sglang_ext: session_ttl tiers: %s", self.manager.host.describe())
         return self.manager

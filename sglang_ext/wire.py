@@ -1,17 +1,82 @@
 """The wire between the sidecar and this plugin: the keys both sides spell.
 
-A request's lease rides in ``sampling_params.custom_params`` of ``/generate`` (SGLang's request
-schema accepts that dict and rejects other unknown sampling keys). This module is the one place
-the keys are written; the sidecar's engine client and the tooling import it. No sglang import, so
-importing it never loads SGLang.
+Two channels, both plain SGLang 0.5.23 HTTP:
+
+* **With a request.** A request's lease rides in ``sampling_params.custom_params`` of
+  ``/generate`` (SGLang's request schema accepts that dict and rejects other unknown sampling
+  keys): ``lease_params()``.
+* **After a turn.** ``POST /set_internal_state {"server_args": {...}}`` reaches every scheduler
+  rank in its input stream; the plugin takes the keys that start with ``AFTER_TURN_PREFIX`` and
+  passes the rest to SGLang (which still refuses keys it does not know). Values must be numbers
+  (SGLang's ``SetInternalStateReq``): ``after_turn_state()``.
+
+This module is the one place the keys are written; the sidecar's engine client and the tooling
+import it. No sglang import, so importing it never loads SGLang.
 """
 
 from __future__ import annotations
 
 # Seconds the plugin keeps the session's KV after this request finishes (0 or absent: no lease).
 LEASE_TTL_PARAM = "session_lease_ttl_s"
+# Seconds after this request finishes at which the session is expected to send its next request.
+EXPECTED_BACK_PARAM = "session_expected_back_s"
+# How early the session may come back relative to that expectation (seconds, >= 0).
+EXPECTED_SPREAD_PARAM = "session_expected_spread_s"
+
+AFTER_TURN_PREFIX = "sglang_ext:"
+# After-turn fields: "sglang_ext:<field>:<session_id>" -> seconds from when the plugin applies it.
+AFTER_TURN_FIELDS = {"ttl": LEASE_TTL_PARAM, "expect": EXPECTED_BACK_PARAM, "spread": EXPECTED_SPREAD_PARAM}
 
 
-def lease_params(ttl_s: float) -> dict[str, float]:
-    """The ``custom_params`` dict that asks for a lease of ``ttl_s`` seconds."""
-    return {LEASE_TTL_PARAM: float(ttl_s)}
+def lease_params(
+    ttl_s: float, expected_back_s: float | None = None, spread_s: float | None = None
+) -> dict[str, float]:
+    """The ``custom_params`` dict that asks for a lease of ``ttl_s`` seconds, optionally saying
+    when the session is expected back (seconds after this request finishes) and how early."""
+    out = {LEASE_TTL_PARAM: float(ttl_s)}
+    if expected_back_s is not None:
+        out[EXPECTED_BACK_PARAM] = float(expected_back_s)
+    if spread_s is not None:
+        out[EXPECTED_SPREAD_PARAM] = float(spread_s)
+    return out
+
+
+def after_turn_key(field: str, session_id: str) -> str:
+    if field not in AFTER_TURN_FIELDS:
+        raise ValueError(f"unknown after-turn field {field!r}; known: {sorted(AFTER_TURN_FIELDS)}")
+    if not session_id:
+        raise ValueError("after-turn update needs a session id")
+    return f"{AFTER_TURN_PREFIX}{field}:{session_id}"
+
+
+def after_turn_state(
+    session_id: str,
+    *,
+    ttl_s: float | None = None,
+    expected_back_s: float | None = None,
+    spread_s: float | None = None,
+) -> dict[str, dict[str, float]]:
+    """The JSON body of ``POST /set_internal_state`` that updates a finished turn's lease.
+
+    ``ttl_s`` restarts the lease (0 ends it); ``expected_back_s`` / ``spread_s`` replace the
+    session's expected return. All are seconds from when the plugin applies the update."""
+    values = {"ttl": ttl_s, "expect": expected_back_s, "spread": spread_s}
+    args = {after_turn_key(f, session_id): float(v) for f, v in values.items() if v is not None}
+    if not args:
+        raise ValueError("after_turn_state needs at least one of ttl_s, expected_back_s, spread_s")
+    return {"server_args": args}
+
+
+def parse_after_turn_key(key: str) -> tuple[str, str] | None:
+    """``(field, session_id)`` of a plugin key, None for a key that is not the plugin's;
+    ValueError for a plugin key that is malformed."""
+    if not key.startswith(AFTER_TURN_PREFIX):
+        return None
+    field, sep, session_id = key[len(AFTER_TURN_PREFIX) :].partition(":")
+    if not sep or field not in AFTER_TURN_FIELDS or not session_id:
+        raise ValueError(
+            f"malformed plugin key {key!r}; expected '{AFTER_TURN_PREFIX}<field>:<session_id>' "
+            f"with field one of {sorted(AFTER_TURN_FIELDS)}"
+        )
+    return field, session_id
+

@@ -1,0 +1,231 @@
+"""Leases over two tiers (HiCache): lock only what must stay, load back what is due.
+
+``HostTier`` belongs to one ``LeaseManager`` and is active only while the cache has a host tier
+and ``tier_aware`` is on; otherwise nothing here runs and leases behave as without HiCache.
+
+* **Eviction order** (``eviction_key``, read by the strategy for GPU and host leaves alike):
+  KV with a host copy before KV without; within each, KV no lease expects back (LRU) before
+  leased KV, and leased KV of the session expected back latest first.
+* **Tiers** (``retier``, every clock tick): a lease is hard (locked) only while
+  ``tiers.wants_hard`` says so, soft otherwise, within the hard-lease bound.
+* **Prefetch** (``after_prefill_pass``): once a session's expected return is a reload
+  (+ margin) away, its host-only KV is loaded back through SGLang's ``load_back`` and locked,
+  if free KV or KV less valuable than it makes the room; a batch that matched KV whose load is
+  still in flight is made to wait for that load (its ``hicache_consumer_index``).
+
+Every decision reads only the lease clock, the tree and SGLang's lockstep load-ack count, and
+runs at points every TP rank passes in the same order, so all ranks decide alike.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from . import tiers
+from .lease_table import HARD, SOFT, Lease
+
+if TYPE_CHECKING:
+    from .manager import LeaseManager
+
+logger = logging.getLogger(__name__)
+
+# SGLang keeps 3 sets of load events (LayerDoneCounter) and asserts, when a load starts, that
+# the set it reuses has finished; admission's own loads queue behind a prefetch on the same
+# stream. A prefetch starts only when no other load is pending, so at most it and the two
+# loads of the overlap scheduler's batches are ever in flight.
+
+
+class HostTier:
+    def __init__(self, mgr: LeaseManager) -> None:
+        self.mgr = mgr
+        self.inflight: dict[int, str] = {}  # prefetched node id -> session, until its load is reaped
+        self._next_change: float | None = None
+        self._window_open: list[str] = []  # sessions due at the last retier (prefetch candidates)
+        self._skipped: dict[str, str] = {}  # session -> why its due prefetch waits (counted once)
+
+    @property
+    def active(self) -> bool:
+        return self.mgr.settings.tier_aware and self.mgr.tree.host_tier_attached()
+
+    # ------------------------------------------------------------------ eviction
+    def eviction_key(self, node: Any, gone_children: tuple = ()) -> tuple[int, int, float]:
+        """Lower goes first: (no host copy, leased, latest expected return first | LRU).
+
+        ``gone_children``: children a dry run of the eviction walk took off the GPU already,
+        whose leases then run through ``node`` (see ``_room_for``)."""
+        tree = self.mgr.tree
+        unbacked = 0 if tree.node_reloadable(node, bool(getattr(tree.cache, "is_write_back", False))) else 1
+        lease = self._covering_lease((node, *gone_children))
+        if lease is None:
+            return (unbacked, 0, node.last_access_time)
+        return (unbacked, 1, -lease.due_back(self.mgr.table.clock))
+
+    def _covering_lease(self, roots: tuple) -> Lease | None:
+        """The most valuable lease whose path runs through the first root: one ending at a root
+        or below it in its host-only subtree (a GPU or host leaf has no GPU KV below it)."""
+        table = self.mgr.table
+        if not len(table):
+            return None
+        now, best = table.clock, None
+        for root in roots:
+            for current in self.mgr.tree.host_only_subtree(root):
+                for lease in table.on_node(current.id):
+                    if best is None or (lease.due_back(now), lease.seq) < (best.due_back(now), best.seq):
+                        best = lease
+        return best
+
+    # --------------------------------------------------------------------- tiers
+    def tier_for_grant(self, lease: Lease, busy: bool = False) -> str:
+        state = self.mgr.tree.path_state(lease.node_id)
+        return HARD if tiers.wants_hard(lease, state, self.mgr.table.clock, self.mgr.settings, busy) else SOFT
+
+    def retier(self, busy: set[str] | frozenset[str]) -> None:
+        """Re-decide every lease's tier at the current lease clock."""
+        mgr, now, settings = self.mgr, self.mgr.table.clock, self.mgr.settings
+        if now is None:
+            return
+        hard_nodes = mgr.hard_path_nodes()
+        limit, used = mgr.limit_tokens(), mgr.hard_tokens()
+        changed, nxt, window_open = False, None, []
+        for lease in mgr.table.leases():
+            state = mgr.tree.path_state(lease.node_id)
+            if not state.exists:
+                mgr.drop_lost(lease)
+                changed = True
+                continue
+            want = tiers.wants_hard(lease, state, now, settings, lease.session_id in busy)
+            if lease.hard and not want:
+                mgr.soften(lease)
+                mgr.metrics.inc("tier_changes", to=SOFT)
+                changed = True
+            elif not lease.hard and want:
+                extra = mgr.extra_hard_tokens(lease.node_id, hard_nodes)
+                if used + extra <= limit:
+                    mgr.harden(lease)
+                    hard_nodes.update(node_id for node_id, _ in mgr.tree.path(lease.node_id))
+                    used += extra
+                    mgr.metrics.inc("tier_changes", to=HARD)
+                    changed = True
+            if not lease.hard and tiers.in_window(tiers.critical_window(lease, state.tokens, now, settings), now):
+                window_open.append(lease.session_id)
+            t = tiers.next_change(lease, state, now, settings)
+            if t is not None and (nxt is None or t < nxt):
+                nxt = t
+        self._next_change, self._window_open = nxt, window_open
+        self._skipped = {k: v for k, v in self._skipped.items() if k in window_open}
+        if changed:
+            mgr.recount()
+
+    def due(self, now: float) -> bool:
+        """Rank 0: a tier or prefetch decision is due (so an idle server still ticks)."""
+        return self._next_change is not None and now >= self._next_change
+
+    # ------------------------------------------------------------------ prefetch
+    def after_prefill_pass(self, batch: Any, busy: set[str]) -> None:
+        """After SGLang built this iteration's prefill batch (or none): guard it, then prefetch."""
+        self._reap()
+        if batch is not None:
+            self._guard(batch)
+        if self.mgr.settings.prefetch:
+            self._prefetch(busy)
+
+    def _reap(self) -> None:
+        tree = self.mgr.tree
+        for node_id in [n for n in self.inflight if not tree.load_in_flight(n)]:
+            del self.inflight[node_id]
+
+    def _guard(self, batch: Any) -> None:
+        """A request whose prefix includes a prefetched node whose copy may still be landing:
+        make the batch's forward wait for the loads (SGLang waits per layer on the consumer
+        index; loads share one stream, so the latest producer covers the earlier ones)."""
+        if not self.inflight or getattr(batch, "hicache_consumer_index", -1) >= 0:
+            return
+        tree = self.mgr.tree
+        for req in getattr(batch, "reqs", ()):
+            last = getattr(req, "last_node", None)
+            if any(tree.on_path(node_id, last) for node_id in self.inflight):
+                batch.hicache_consumer_index = tree.latest_load_producer()
+                return
+
+    def _prefetch(self, busy: set[str]) -> None:
+        mgr, tree, now, settings = self.mgr, self.mgr.tree, self.mgr.table.clock, self.mgr.settings
+        if now is None:
+            return
+        due = []
+        for session_id in self._window_open:  # the clock moves only at ticks, which retier
+            lease = mgr.table.get(session_id)
+            if lease is None or lease.hard or session_id in busy:
+                continue  # gone, held, or its request is here (admission loads it)
+            state = tree.path_state(lease.node_id)
+            if state.exists and tiers.wants_prefetch(lease, state, now, settings):
+                due.append((lease.expected_back(now), lease.seq, lease, state))
+        if not due:
+            return
+        if tree.loads_pending():
+            for _, _, lease, _ in due:
+                self._skip(lease, "slots")
+            return
+        due.sort(key=lambda item: item[:2])  # soonest expected return first
+        issued = []
+        hard_nodes = mgr.hard_path_nodes()
+        used = mgr.hard_tokens()
+        for _, _, lease, state in due:
+            extra = mgr.extra_hard_tokens(lease.node_id, hard_nodes)
+            if used + extra > mgr.limit_tokens():
+                self._skip(lease, "bound")
+                continue
+            if self._room_for(lease, state.host_only_tokens) < state.host_only_tokens:
+                self._skip(lease, "room")
+                continue
+            if not tree.start_load_back(lease.node_id):  # below SGLang's load_back_threshold, or no KV
+                self._skip(lease, "declined")
+                continue
+            self._skipped.pop(lease.session_id, None)
+            mgr.harden(lease)
+            hard_nodes.update(node_id for node_id, _ in tree.path(lease.node_id))
+            used += extra
+            lease.prefetch = "issued"
+            issued.append(lease)
+            mgr.metrics.inc("prefetches", outcome="issued")
+            mgr.metrics.inc("prefetched_tokens", state.host_only_tokens)
+        if issued:
+            tree.submit_loads()
+            for lease in issued:
+                self.inflight[lease.node_id] = lease.session_id
+            mgr.recount()
+            logger.debug("sglang_ext: prefetched %d session(s) from host", len(issued))
+
+    def _skip(self, lease: Lease, reason: str) -> None:
+        """Count a due prefetch that waits, once per reason (it is retried every pass)."""
+        if self._skipped.get(lease.session_id) != reason:
+            self._skipped[lease.session_id] = reason
+            self.mgr.metrics.inc("prefetch_skips", reason=reason)
+
+    def _room_for(self, lease: Lease, need: int) -> int:
+        """GPU KV a load for ``lease`` may take (up to ``need``): free KV, then what SGLang's
+        eviction would free before it reaches KV as valuable as this lease's (backed up and
+        expected back no later)."""
+        tree = self.mgr.tree
+        free = tree.available_tokens()
+        if free >= need:
+            return free
+        threshold = (0, 1, -lease.due_back(self.mgr.table.clock))
+        return free + tree.eviction_room(self.eviction_key, lambda key: key >= threshold, need - free)
+
+    # ------------------------------------------------------------------ bookkeeping
+    def forget(self) -> None:
+        self.inflight.clear()
+        self._next_change, self._window_open = None, []
+        self._skipped.clear()
+
+    def describe(self) -> str:
+        tree = self.mgr.tree
+        if not tree.host_tier_attached():
+            return f"GPU {tree.capacity_tokens()} tokens; no host tier"
+        return (
+            f"GPU {tree.capacity_tokens()} tokens, host {tree.host_capacity_tokens()} tokens "
+            f"({tree.write_policy()}), storage {tree.storage_backend() or 'none'}; "
+            f"tier-aware leases {'on' if self.mgr.settings.tier_aware else 'off'}, "
+            f"prefetch {'on' if self.active and self.mgr.settings.prefetch else 'off'}"
+        )
