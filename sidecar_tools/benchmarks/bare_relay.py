@@ -19,8 +19,8 @@ import uuid
 
 from aiohttp import web
 
-import sidecar.chat
-from sidecar import keys
+import sidecar.openai.chat_completions
+from sidecar.server import keys
 
 _CANNED_IDS = json.dumps([9] * 2500).encode()
 _FRAME = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
@@ -49,7 +49,7 @@ async def bare_relay(request: web.Request) -> web.StreamResponse:
 
 
 def main() -> None:
-    sidecar.chat.chat_completions = bare_relay  # the route's handler calls it by module name
+    sidecar.openai.chat_completions.chat_completions = bare_relay  # the route's handler calls it by module name
     sys.argv[0] = "sidecar"
     from sidecar.cli import main as cli_main
 

@@ -67,11 +67,11 @@ def measure(tokenizer_dir: str, number: int, repeat: int) -> dict[str, Any]:
     from transformers import AutoTokenizer
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
-    from sidecar.chat_template import ChatRenderer
+    from sidecar.conversation.chat_template import ChatRenderer
     from sidecar.id_text import IdText
-    from sidecar.request_checks import _LONE_SURROGATE, parse_chat_request
-    from sidecar.schema import ChatCompletionRequest, ChunkFrames
-    from sidecar.sessions import fingerprints
+    from sidecar.openai.request_checks import _LONE_SURROGATE, parse_chat_request
+    from sidecar.openai.schema import ChatCompletionRequest, ChunkFrames
+    from sidecar.conversation.store import fingerprints
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     renderer = ChatRenderer(tok)
@@ -179,9 +179,9 @@ def _policy_per_request(number: int, repeat: int) -> dict[str, float]:
 
 
 def _relay(renderer, reply_ids: list[int], frames) -> Callable[[], Any]:
-    from sidecar.engine_client import _event
-    from sidecar.relay import Generation
-    from sidecar.tool_parsers import get_tool_parser
+    from sidecar.engine.client import _event
+    from sidecar.generation.relay import Generation
+    from sidecar.generation.tool_parsers import get_tool_parser
 
     lines = []
     for n in range(1, len(reply_ids) + 1):

@@ -9,8 +9,8 @@ import pytest
 from aiohttp import web
 from sglang_double import IM_END_ID, SGLangDouble, scripted_responder
 
-from sidecar import auth
-from sidecar.app import StartupError, create_app
+from sidecar.server import auth
+from sidecar.server.app import StartupError, create_app
 from sidecar.settings import load_settings
 
 KEY_A = "sk-alpha-0123456789abcdef"

@@ -2,7 +2,7 @@
 
 from array import array
 
-from sidecar.sessions import SessionRegistry, TurnState, extend_fingerprint, fingerprints
+from sidecar.conversation.store import SessionRegistry, TurnState, extend_fingerprint, fingerprints
 
 
 def _turn(messages, reply, ids, end_id=151645):

@@ -15,9 +15,9 @@ from aiohttp import web
 from pydantic import ValidationError
 from pydantic_core import from_json
 
-from sidecar import keys
+from sidecar.server import keys
 from sidecar.errors import APIError, invalid_request
-from sidecar.schema import ChatCompletionRequest
+from sidecar.openai.schema import ChatCompletionRequest
 
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9._:@\-]{1,128}$")
 # A \uD800-\uDFFF escape without its pair: JSON allows it, UTF-8 (and so the tokenizer) does not.

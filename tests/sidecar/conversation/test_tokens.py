@@ -5,8 +5,8 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from sidecar.chat_template import ChatRenderer, HeadCache
-from sidecar.tokens import TokenCodec
+from sidecar.conversation.chat_template import ChatRenderer, HeadCache
+from sidecar.conversation.tokens import TokenCodec
 
 TEXTS = [
     "",

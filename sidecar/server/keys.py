@@ -6,10 +6,10 @@ from typing import Any
 
 from aiohttp import web
 
-from sidecar.chat_template import ChatRenderer
-from sidecar.engine_client import EngineClient
+from sidecar.conversation.chat_template import ChatRenderer
+from sidecar.engine.client import EngineClient
 from sidecar.metrics import SidecarMetrics
-from sidecar.sessions import SessionRegistry
+from sidecar.conversation.store import SessionRegistry
 from sidecar.settings import SidecarSettings
 
 SETTINGS = web.AppKey("settings", SidecarSettings)

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from sglang_double import IM_END_ID, scripted_responder
 
-from sidecar.app import create_app
+from sidecar.server.app import create_app
 from sidecar.settings import load_settings
 
 

@@ -21,11 +21,11 @@ import aiohttp
 import pytest
 from sglang_double import IM_END_ID, parse_sse, scripted_responder
 
-from sidecar import keys
-from sidecar.app import create_app
+from sidecar.server import keys
+from sidecar.server.app import create_app
 from sidecar.settings import load_settings
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 async def bounded(awaitable, seconds: float = 5.0):

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from sidecar.cli import main
 from sidecar.settings import flag_name, iter_fields, load_settings
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_every_setting_is_a_documented_flag():

@@ -16,16 +16,16 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from sidecar import keys
-from sidecar.auth import AuthConfigError, auth_middleware, build_key_store, request_scope
-from sidecar.chat import handle as chat_handler
-from sidecar.chat_template import ChatRenderer
-from sidecar.engine_client import EngineClient
+from sidecar.server import keys
+from sidecar.server.auth import AuthConfigError, auth_middleware, build_key_store, request_scope
+from sidecar.openai.chat_completions import handle as chat_handler
+from sidecar.conversation.chat_template import ChatRenderer
+from sidecar.engine.client import EngineClient
 from sidecar.errors import APIError, error_middleware
-from sidecar.request_checks import read_json_body
+from sidecar.openai.request_checks import read_json_body
 from sidecar.metrics import SidecarMetrics
 from sidecar.policy import EngineCapacity, build_policy
-from sidecar.sessions import SessionRegistry, scoped_id
+from sidecar.conversation.store import SessionRegistry, scoped_id
 from sidecar.settings import SidecarSettings
 
 log = logging.getLogger("sidecar")

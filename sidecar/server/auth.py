@@ -5,7 +5,7 @@ except ``/health`` (probes), ``/metrics`` (unless ``--protect-metrics``) and ``G
 (only when ``--no-protect-sessions``). A wrong or missing key is a 401 in OpenAI's envelope.
 
 Each key is its own *scope*: a short hash of the key (never the key itself) that prefixes the ids
-of its sessions (:func:`sidecar.sessions.scoped_id`), so one client can never continue, list or
+of its sessions (:func:`sidecar.conversation.store.scoped_id`), so one client can never continue, list or
 close another client's session, and the session id SGLang sees is unique per scope. Without auth
 the scope is ``""`` and ids are unchanged.
 

@@ -2,7 +2,7 @@
 
 import json
 
-from sidecar.engine_client import _json_body
+from sidecar.engine.client import _json_body
 from sidecar.id_text import IdText
 
 

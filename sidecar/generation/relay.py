@@ -11,10 +11,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from sidecar.detokenize import IncrementalDetokenizer, StopMatcher
-from sidecar.engine_client import EngineClient
+from sidecar.generation.detokenize import IncrementalDetokenizer, StopMatcher
+from sidecar.engine.client import EngineClient
 from sidecar.errors import engine_error
-from sidecar.tool_parsers import ContentDelta, ToolCallArgumentsDelta, ToolCallStart
+from sidecar.generation.tool_parsers import ContentDelta, ToolCallArgumentsDelta, ToolCallStart
 
 
 @dataclass

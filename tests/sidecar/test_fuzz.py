@@ -30,10 +30,10 @@ from sglang_double import IM_END_ID, QWEN3_VOCAB_SIZE, SGLangDouble, parse_sse
 
 from sidecar_tools.simulator.generate_request import check_schema
 
-from sidecar import keys
-from sidecar.app import create_app
-from sidecar.request_checks import SESSION_ID_RE
-from sidecar.request_checks import parse_chat_request
+from sidecar.server import keys
+from sidecar.server.app import create_app
+from sidecar.openai.request_checks import SESSION_ID_RE
+from sidecar.openai.request_checks import parse_chat_request
 from sidecar.settings import load_settings
 
 MAX_BODY = 64 * 1024

@@ -6,7 +6,7 @@ import time
 import aiohttp
 from aiohttp import web
 
-from sidecar.engine_client import EngineClient, _LineSplitter
+from sidecar.engine.client import EngineClient, _LineSplitter
 
 
 def test_line_splitter_rejoins_lines_split_across_chunks():

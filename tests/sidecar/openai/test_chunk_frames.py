@@ -2,7 +2,7 @@
 
 import json
 
-from sidecar.schema import ChunkFrames, chunk, usage_chunk, usage_dict
+from sidecar.openai.schema import ChunkFrames, chunk, usage_chunk, usage_dict
 
 
 def _plain(payload):

@@ -14,23 +14,23 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from sidecar import keys
-from sidecar.auth import request_scope
+from sidecar.server import keys
+from sidecar.server.auth import request_scope
 from sglang_ext.wire import lease_params
 from sidecar.errors import APIError, invalid_request
 from sidecar.id_text import IdText
 from sidecar.policy import AdmissionRejected, TurnEnd
-from sidecar.relay import Generation
-from sidecar.request_checks import check_template_kwargs, explicit_session_id, parse_chat_request, read_body
-from sidecar.schema import (
+from sidecar.generation.relay import Generation
+from sidecar.openai.request_checks import check_template_kwargs, explicit_session_id, parse_chat_request, read_body
+from sidecar.openai.schema import (
     ChatCompletionRequest,
     ChunkFrames,
     completion,
     completion_id,
     usage_dict,
 )
-from sidecar.sessions import Resolution, TurnState, extend_fingerprint
-from sidecar.tool_parsers import ContentDelta, ToolCallArgumentsDelta, ToolCallStart, get_tool_parser
+from sidecar.conversation.store import Resolution, TurnState, extend_fingerprint
+from sidecar.generation.tool_parsers import ContentDelta, ToolCallArgumentsDelta, ToolCallStart, get_tool_parser
 
 _DISCONNECTS = (ConnectionResetError, ConnectionError, asyncio.CancelledError)
 

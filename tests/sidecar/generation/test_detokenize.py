@@ -1,4 +1,4 @@
-"""Tests for sidecar.detokenize: incremental detokenization and stop matching."""
+"""Tests for sidecar.generation.detokenize: incremental detokenization and stop matching."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from sidecar.detokenize import IncrementalDetokenizer, StopMatcher
+from sidecar.generation.detokenize import IncrementalDetokenizer, StopMatcher
 
 CORPUS = [
     "Hello world! The quick brown fox jumps over the lazy dog.",

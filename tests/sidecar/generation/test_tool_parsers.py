@@ -1,4 +1,4 @@
-"""Tests for sidecar.tool_parsers (Hermes / Qwen3 ``<tool_call>`` format)."""
+"""Tests for sidecar.generation.tool_parsers (Hermes / Qwen3 ``<tool_call>`` format)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.tool_parsers import (
+from sidecar.generation.tool_parsers import (
     ContentDelta,
     HermesToolParser,
     NoToolParser,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.errors import APIError, invalid_request
-from sidecar.tokens import TokenCodec
+from sidecar.conversation.tokens import TokenCodec
 
 _MARKER = "\u2063sidecar-reply-end\u2063"
 _ANCHOR_USER = {"role": "user", "content": "."}

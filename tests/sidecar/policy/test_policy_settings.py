@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from sidecar.policy.settings import AdmissionSettings, PolicySettings
 from sidecar.settings import iter_fields, load_settings
 
-CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.toml"))
+CONFIGS = sorted((Path(__file__).parents[3] / "configs").glob("*.toml"))
 
 
 def test_every_policy_and_admission_field_is_documented_and_simple():
