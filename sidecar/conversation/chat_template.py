@@ -13,22 +13,16 @@ ending at a clean tokenizer cut (see :meth:`TokenCodec.splits_at`).
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
-from sidecar.errors import APIError, invalid_request
 from sidecar.conversation.tokens import TokenCodec
+from sidecar.errors import APIError, invalid_request
 
 _MARKER = "\u2063sidecar-reply-end\u2063"
 _ANCHOR_USER = {"role": "user", "content": "."}
-
-
-@dataclass(frozen=True)
-class ForcedPrefix:
-    """Text appended after the generation prompt to force a tool call (tool_choice required/named)."""
-
-    text: str
 
 
 class HeadCache:
@@ -61,12 +55,11 @@ class HeadCache:
 
 
 class ChatRenderer:
-    def __init__(self, tokenizer, template_kwargs: dict[str, Any] | None = None):
+    def __init__(self, tokenizer):
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("the tokenizer has no chat template")
         self.tokenizer = tokenizer
         self.codec = TokenCodec(tokenizer)
-        self.template_kwargs = dict(template_kwargs or {})
         self.eos_ids = self._eos_ids()
         self.heads = HeadCache()
 
@@ -87,10 +80,17 @@ class ChatRenderer:
                 tools=tools,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
-                **{**self.template_kwargs, **(kwargs or {})},
+                **(kwargs or {}),
             )
         except Exception as exc:  # jinja raises its own errors for messages the template refuses
             raise invalid_request(f"the chat template cannot render these messages: {exc}") from None
+
+    def check_template_kwargs(self, kwargs: dict[str, Any] | None) -> None:
+        """chat_template_kwargs are template variables (enable_thinking, ...); they may not swap the
+        template itself, whose Jinja loops would run on the event loop and stall every session."""
+        reserved = sorted(set(kwargs or ()) & _template_call_params(type(self.tokenizer)))
+        if reserved:
+            raise invalid_request(f"chat_template_kwargs may not set {', '.join(reserved)}", param="chat_template_kwargs")
 
     def encode(self, text: str) -> list[int]:
         return self.codec.encode(text)
@@ -152,12 +152,9 @@ class ChatRenderer:
                 suffix = suffix[len(end_text) :]
         return self.encode(suffix)
 
-    def forced_prefix(self, tool_choice, tools) -> ForcedPrefix | None:
-        """Hermes-style forcing: 'required' opens a tool call, a named choice also writes the name."""
-        if tool_choice == "required":
-            return ForcedPrefix("<tool_call>\n")
-        if tool_choice is not None and not isinstance(tool_choice, str):
-            name = tool_choice.function.name
-            return ForcedPrefix('<tool_call>\n{"name": "' + name + '", "arguments": ')
-        return None
 
+@functools.cache
+def _template_call_params(tokenizer_type: type) -> frozenset[str]:
+    """apply_chat_template's own parameters (chat_template, tokenize, ...): never template variables."""
+    params = inspect.signature(tokenizer_type.apply_chat_template).parameters.values()
+    return frozenset(p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)) - {"self"}

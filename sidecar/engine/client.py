@@ -1,6 +1,7 @@
 """HTTP client for SGLang's native API: /generate (streamed), /abort_request, /close_session, info.
 
-Mechanism only: it sends what it is given and maps failures to OpenAI-style errors. Connection
+Mechanism only: it sends what it is given and maps failures to OpenAI-style errors; when to abort
+a request is the relay's decision (``sidecar.generation.relay.Generation.close``). Connection
 failures are retried (tenacity) only while nothing has been received, so a retry can never
 duplicate output the agent already got. That includes a pooled connection the server closed just
 as the request went out (SGLang's uvicorn drops connections idle for 5 s, exactly an agent's tool
@@ -24,7 +25,6 @@ from sidecar.id_text import IdText
 
 log = logging.getLogger("sidecar.engine")
 
-# Key under sampling_params.custom_params that carries a session lease to the sglang_ext plugin.
 _FIRST_BACKOFF_S = 0.1  # wait before the first connect retry; it doubles per retry
 
 # Failures of _open that happen before any response byte: safe to send again.
@@ -117,17 +117,11 @@ class EngineClient:
     async def generate_stream(self, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Yield SGLang's stream chunks (cumulative output_ids + meta_info) as they arrive.
 
-        On a timeout the request is also aborted in SGLang, so the engine stops working for an
-        answer nobody waits for.
+        Past ``request_timeout`` it raises engine_timeout; SGLang may still be generating then.
         """
         body = _json_body({**payload, "stream": True})
         timeout = aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=self.connect_timeout)
-        try:
-            resp = await self._open("POST", "/generate", data=body, timeout=timeout, headers=self._json_headers)
-        except APIError as err:
-            if err.code == "engine_timeout" and payload.get("rid"):
-                asyncio.ensure_future(self.abort(payload["rid"]))
-            raise
+        resp = await self._open("POST", "/generate", data=body, timeout=timeout, headers=self._json_headers)
         try:
             splitter = _LineSplitter()
             async for chunk in resp.content.iter_any():
@@ -144,8 +138,6 @@ class EngineClient:
                 if event is not None:
                     yield event
         except asyncio.TimeoutError:
-            if payload.get("rid"):
-                asyncio.ensure_future(self.abort(payload["rid"]))
             raise engine_timeout(f"SGLang did not finish within {self.request_timeout:g} s") from None
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             raise engine_unavailable(f"SGLang dropped the stream: {exc}") from None
@@ -174,14 +166,6 @@ class EngineClient:
             resp.release()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             log.warning("close_session %s failed: %s", session_id, exc)
-
-    async def metrics_text(self) -> str | None:
-        try:
-            resp = await self.http.get(self._url("/metrics"), headers=self.headers, timeout=aiohttp.ClientTimeout(total=5))
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            return None
-        async with resp:
-            return await resp.text() if resp.status == 200 else None
 
 
 def _json_body(payload: dict[str, Any]) -> bytes:

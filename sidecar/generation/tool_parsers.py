@@ -1,4 +1,4 @@
-"""Tool-call extraction from generated text (Hermes ``<tool_call>`` format).
+"""Tool-call extraction from generated text (Hermes ``<tool_call>`` format), and how to force one.
 
 Qwen3 (and Hermes-style models) emit tool calls as::
 
@@ -9,37 +9,28 @@ Qwen3 (and Hermes-style models) emit tool calls as::
 possibly several in a row, possibly after content text (including a
 ``<think>...</think>`` block, which stays in the content).
 
-One state machine serves both modes: :meth:`HermesToolParser.parse` is just
-``feed(text) + finish()`` aggregated, so streaming and non-streaming results
-agree by construction for any split of the text into deltas.
+One state machine serves both modes: a whole text is just ``feed(text) + finish()``,
+so streaming and non-streaming results agree by construction for any split
+of the text into deltas. A parser also knows the text that opens a call in
+its format (:meth:`HermesToolParser.forced_prefix`), which is how
+``tool_choice`` required or named is enforced.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Union
 
 
 @dataclass(frozen=True)
 class ToolCall:
+    """One tool call of a reply; ``arguments`` is a JSON string (OpenAI's function.arguments)."""
+
     id: str
     name: str
-    arguments: str  # a JSON string, like OpenAI's function.arguments
-
-    def to_openai(self) -> dict:
-        return {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
-
-
-@dataclass
-class ParsedOutput:
-    content: str | None
-    tool_calls: list[ToolCall] = field(default_factory=list)
+    arguments: str = ""
 
 
 @dataclass(frozen=True)
@@ -65,21 +56,6 @@ Event = Union[ContentDelta, ToolCallStart, ToolCallArgumentsDelta]
 
 def new_tool_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
-
-
-def events_to_output(events: list[Event]) -> ParsedOutput:
-    """Aggregate a stream's events into the non-streaming result."""
-    content = "".join(e.text for e in events if isinstance(e, ContentDelta))
-    calls: dict[int, list] = {}
-    for e in events:
-        if isinstance(e, ToolCallStart):
-            calls[e.index] = [e.id, e.name, ""]
-        elif isinstance(e, ToolCallArgumentsDelta):
-            calls[e.index][2] += e.arguments
-    return ParsedOutput(
-        content=content or None,
-        tool_calls=[ToolCall(*calls[i]) for i in sorted(calls)],
-    )
 
 
 def _held_prefix_len(text: str, pattern: str) -> int:
@@ -210,10 +186,12 @@ class HermesToolParser:
         self._buf = ""
         return out
 
-    @classmethod
-    def parse(cls, text: str) -> ParsedOutput:
-        p = cls()
-        return events_to_output(p.feed(text) + p.finish())
+    def forced_prefix(self, tool_name: str | None) -> str:
+        """Text that, appended after the generation prompt, makes the model call a tool: the
+        opening tag ('required'), with the name written for it (a named tool_choice)."""
+        if tool_name is None:
+            return self.OPEN + "\n"
+        return self.OPEN + '\n{"name": "' + tool_name + '", "arguments": '
 
 
 class NoToolParser:
@@ -225,9 +203,9 @@ class NoToolParser:
     def finish(self) -> list[Event]:
         return []
 
-    @classmethod
-    def parse(cls, text: str) -> ParsedOutput:
-        return ParsedOutput(content=text or None, tool_calls=[])
+    def forced_prefix(self, tool_name: str | None) -> None:
+        """No tool-call format, so nothing to force."""
+        return None
 
 
 _PARSERS = {"hermes": HermesToolParser, "qwen3": HermesToolParser, "none": NoToolParser}
@@ -236,8 +214,7 @@ _PARSERS = {"hermes": HermesToolParser, "qwen3": HermesToolParser, "none": NoToo
 def get_tool_parser(name: str | None) -> HermesToolParser | NoToolParser:
     """Return a fresh parser for ``name`` ("hermes", "qwen3", "none"; None = "none").
 
-    Parsers are stateful: use one per request/choice. ``parser.parse(text)``
-    (non-streaming) does not touch that state.
+    Parsers are stateful: use one per request/choice.
     """
     key = (name or "none").lower()
     try:

@@ -1,4 +1,5 @@
-"""The OpenAI chat-completions request as we accept it (pydantic), and the response shapes we emit.
+"""The OpenAI chat-completions request as we accept it (pydantic); the answers' shapes are in
+``sidecar.openai.shapes``.
 
 Validation is strict where a wrong value would silently change what the model sees (roles,
 content parts, n, tool_choice) and lenient for harmless client extras (unknown top-level keys are
@@ -8,12 +9,11 @@ ignored, as OpenAI-compatible servers commonly do).
 from __future__ import annotations
 
 import json
-import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sidecar.errors import APIError
+from sidecar.errors import invalid_json, invalid_request
 
 
 class TextPart(BaseModel):
@@ -185,94 +185,18 @@ class ChatCompletionRequest(BaseModel):
         return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
 
 
-def completion_id() -> str:
-    import uuid
-
-    return f"chatcmpl-{uuid.uuid4().hex}"
-
-
-def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
-
-
-def chunk(cid: str, model: str, created: int, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-    return {
-        "id": cid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "system_fingerprint": None,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
-    }
-
-
-# json.dumps(x, ensure_ascii=False) builds a new encoder per call; a frame per token pays that
-_UNICODE_JSON = json.JSONEncoder(ensure_ascii=False)
-
-
-class ChunkFrames:
-    """SSE frames of one streamed completion, byte for byte ``data: <json.dumps(chunk(...))>``.
-
-    A stream sends a chunk per token; the part every chunk shares (id, model, ...) is serialized
-    once here, so a frame costs only the JSON of its delta.
-    """
-
-    _DELTA, _FINISH = "\x00delta\x00", "\x00finish\x00"  # placeholders: JSON escapes NUL, no real value has it
-
-    def __init__(self, cid: str, model: str, created: int, include_usage: bool):
-        self._usage = {"usage": None} if include_usage else {}
-        self._chunk_args = (cid, model, created)
-        text = json.dumps(chunk(cid, model, created, self._DELTA, self._FINISH) | self._usage, ensure_ascii=False)  # type: ignore[arg-type]
-        delta, finish = json.dumps(self._DELTA), json.dumps(self._FINISH)
-        self._parts: tuple[bytes, bytes, bytes] | None = None
-        if text.count(delta) == 1 and text.count(finish) == 1 and text.index(delta) < text.index(finish):
-            head, rest = text.split(delta)
-            middle, tail = rest.split(finish)
-            self._parts = (b"data: " + head.encode(), middle.encode(), tail.encode() + b"\n\n")
-
-    def delta(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-        if self._parts is None:  # a model name holding a placeholder: serialize whole
-            return sse_frame(chunk(*self._chunk_args, delta, finish_reason) | self._usage)
-        head, middle, tail = self._parts
-        finish = b"null" if finish_reason is None else _UNICODE_JSON.encode(finish_reason).encode()
-        return head + _UNICODE_JSON.encode(delta).encode() + middle + finish + tail
-
-    def usage(self, usage: dict[str, Any]) -> bytes:
-        return sse_frame(usage_chunk(*self._chunk_args, usage))
-
-
-def sse_frame(payload: dict[str, Any]) -> bytes:
-    return b"data: " + _UNICODE_JSON.encode(payload).encode() + b"\n\n"
-
-
-def usage_chunk(cid: str, model: str, created: int, usage: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "id": cid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "system_fingerprint": None,
-        "choices": [],
-        "usage": usage,
-    }
-
-
-def completion(cid: str, model: str, message: dict[str, Any], finish_reason: str, usage: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "id": cid,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "system_fingerprint": None,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
-        "usage": usage,
-    }
-
-
-def stream_error_event(err: APIError) -> dict[str, Any]:
-    return err.body()
+def parse_chat_request(raw: bytes) -> ChatCompletionRequest:
+    """Parse and validate the raw body in one pass: pydantic-core's JSON parser builds the model
+    directly, without the intermediate dicts of ``json.loads``. It rejects malformed JSON, nesting
+    past its recursion limit and unpaired surrogate escapes itself; each becomes one 400."""
+    try:
+        return ChatCompletionRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        if err["type"] == "json_invalid":
+            raise invalid_json(raw, err["msg"].removeprefix("Invalid JSON: ")) from None
+        if err["type"] == "model_type" and not err["loc"]:
+            raise invalid_request("request body must be a JSON object") from None
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        raise invalid_request(f"{loc}: {msg}" if loc else msg, param=loc or None) from None

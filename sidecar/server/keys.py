@@ -7,17 +7,16 @@ from typing import Any
 from aiohttp import web
 
 from sidecar.conversation.chat_template import ChatRenderer
-from sidecar.engine.client import EngineClient
+from sidecar.conversation.store import SessionStore
+from sidecar.engine.worker import Workers
 from sidecar.metrics import SidecarMetrics
-from sidecar.conversation.store import SessionRegistry
 from sidecar.settings import SidecarSettings
+from sidecar.turn.core import TurnCore
 
 SETTINGS = web.AppKey("settings", SidecarSettings)
-ENGINE = web.AppKey("engine", EngineClient)
-RENDERER = web.AppKey("renderer", ChatRenderer)
-REGISTRY = web.AppKey("registry", SessionRegistry)
-POLICY = web.AppKey("policy", Any)
 METRICS = web.AppKey("metrics", SidecarMetrics)
-SERVER_INFO = web.AppKey("server_info", dict)
-MODEL_NAME = web.AppKey("model_name", str)
-PROMPT_LIMIT = web.AppKey("prompt_limit", int)
+WORKERS = web.AppKey("workers", Workers)
+RENDERER = web.AppKey("renderer", ChatRenderer)
+POLICY = web.AppKey("policy", Any)
+SESSIONS = web.AppKey("sessions", SessionStore)
+TURNS = web.AppKey("turns", TurnCore)

@@ -1,7 +1,7 @@
 """Faults: SGLang killed, restarted or slow; agents that hang up; a sidecar that restarts.
 
 Each test bounds every wait (``bounded``), so a hang is a failure, not a stuck suite. After each
-fault the tests check what the agent got, that the session registry and the policy are consistent
+fault the tests check what the agent got, that the session store and the policy's records are consistent
 (nothing half-recorded, nothing left in flight, no admission slot held), and that the next request
 works and continues the session token-exactly.
 """
@@ -73,14 +73,14 @@ async def stream_until_content(client, body, headers=None):
 
 
 def assert_quiescent(app, *explicit_turns: tuple[str, int]):
-    """Registry and policy agree that nothing is running and no admission slot is held."""
-    registry, policy = app[keys.REGISTRY], app[keys.POLICY]
-    assert all(s.inflight == 0 for s in registry.all())
-    assert all(s.turns or s.explicit for s in registry.all())  # no half-born implicit session
-    assert all(state.in_flight == 0 for state in policy.table)
+    """Store and policy agree that nothing is running and no admission slot is held."""
+    store, policy = app[keys.SESSIONS], app[keys.POLICY]
+    assert all(s.inflight == 0 for s in store.all())
+    assert all(s.turns or s.explicit for s in store.all())  # no half-born implicit session
+    assert all(record.running == 0 for record in store.records())
     assert policy.gate.queue_length == 0
     for sid, turns in explicit_turns:
-        assert registry.get(sid).turn_count == turns
+        assert store.get(sid).turn_count == turns
 
 
 def history_of(double, turn: int) -> list[int]:
@@ -137,7 +137,7 @@ async def test_engine_killed_during_non_streamed_turn_is_503(make_sidecar, sglan
     status, body = await task
     assert status == 503 and body["error"]["type"] == "engine_unavailable"
     assert_quiescent(client.app)
-    assert len(client.app[keys.REGISTRY]) == 0
+    assert len(client.app[keys.SESSIONS]) == 0
 
 
 async def test_engine_killed_before_first_token_is_a_plain_http_error(make_sidecar, sglang_double):
@@ -242,7 +242,7 @@ async def test_engine_restart_between_turns_loses_leases_and_cache_but_not_the_s
     messages = [{"role": "system", "content": "You are an agent. " * 20}, {"role": "user", "content": "t1"}]
     _, first = await chat(client, {"messages": messages}, SESSION)
     assert double.requests[0]["sampling_params"]["custom_params"]["session_lease_ttl_s"] == 30.0
-    assert client.app[keys.POLICY].lease_expiry(client.app[keys.REGISTRY].get("agent-7").id) > time.monotonic()
+    assert client.app[keys.POLICY].lease_expiry(client.app[keys.SESSIONS].get("agent-7").id) > time.monotonic()
 
     await bounded(double.restart())  # cache, sessions and (in the real engine) the lease table are gone
 
@@ -328,7 +328,8 @@ def blackhole_port():
 async def test_connect_timeout_is_honoured(make_sidecar, sglang_double):
     client = await make_sidecar(connect_timeout=0.2, connect_retries=0)
     with blackhole_port() as port:
-        client.app[keys.ENGINE].base_url = f"http://127.0.0.1:{port}"
+        (worker,) = client.app[keys.WORKERS]
+        worker.client.base_url = f"http://127.0.0.1:{port}"
         started = time.monotonic()
         status, body = await chat(client, {"messages": [{"role": "user", "content": "x"}]})
         elapsed = time.monotonic() - started
@@ -356,7 +357,7 @@ async def test_agent_hanging_up_a_non_streamed_turn_aborts_and_releases_everythi
     assert sglang_double.aborts[0]["rid"] == sglang_double.requests[0]["rid"]
     assert sglang_double.running_rids == []
     assert_quiescent(client.app)
-    assert len(client.app[keys.REGISTRY]) == 0 and sglang_double.results[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert len(client.app[keys.SESSIONS]) == 0 and sglang_double.results[-1]["meta_info"]["finish_reason"]["type"] == "abort"
 
 
 async def test_hanging_up_a_continued_leased_turn_keeps_the_last_good_state(make_sidecar, sglang_double, qwen3_tokenizer):
@@ -365,7 +366,7 @@ async def test_hanging_up_a_continued_leased_turn_keeps_the_last_good_state(make
     double.responder = scripted_responder(_encode(qwen3_tokenizer, "one") + [IM_END_ID], LONG, _encode(qwen3_tokenizer, "two") + [IM_END_ID])
     messages = [{"role": "user", "content": "a"}]
     _, first = await chat(client, {"messages": messages}, SESSION)
-    session = client.app[keys.REGISTRY].get("agent-7")
+    session = client.app[keys.SESSIONS].get("agent-7")
     policy = client.app[keys.POLICY]
     lease_until = policy.lease_expiry(session.id)
     assert lease_until is not None
@@ -380,7 +381,7 @@ async def test_hanging_up_a_continued_leased_turn_keeps_the_last_good_state(make
     assert double.aborts[-1]["rid"] == double.requests[-1]["rid"]
     # turn 1's lease, untouched: SGLang keeps it past an aborted turn, and so does the policy
     assert policy.lease_expiry(session.id) == lease_until > time.monotonic()
-    assert session.state(policy.lease_expiry(session.id), time.monotonic()) == "leased"
+    assert session.state(time.monotonic()) == "leased"
     assert_quiescent(client.app, ("agent-7", 1))
     double.token_delay = 0.0
     status, _ = await chat(client, {"messages": messages}, SESSION)

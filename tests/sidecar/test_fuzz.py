@@ -32,8 +32,10 @@ from sidecar_tools.simulator.generate_request import check_schema
 
 from sidecar.server import keys
 from sidecar.server.app import create_app
-from sidecar.openai.request_checks import SESSION_ID_RE
-from sidecar.openai.request_checks import parse_chat_request
+from sidecar.conversation.store import SESSION_ID_RE
+from sidecar.generation.tool_parsers import get_tool_parser
+from sidecar.openai.chat_completions import turn_request
+from sidecar.openai.schema import parse_chat_request
 from sidecar.settings import load_settings
 
 MAX_BODY = 64 * 1024
@@ -145,9 +147,9 @@ def check_answer(status: int, content_type: str, raw: bytes, stream: bool = Fals
 
 
 def check_state(stack: Stack) -> None:
-    registry, policy = stack.app[keys.REGISTRY], stack.app[keys.POLICY]
-    assert all(s.inflight == 0 for s in registry.all())
-    assert all(state.in_flight == 0 for state in policy.table)
+    store, policy = stack.app[keys.SESSIONS], stack.app[keys.POLICY]
+    assert all(s.inflight == 0 for s in store.all())
+    assert all(record.running == 0 for record in store.records())
     assert policy.gate.queue_length == 0
     for body in stack.double.requests:  # everything forwarded speaks SGLang's schema
         check_schema(body)
@@ -373,9 +375,10 @@ def test_fuzzed_conversations_never_mix_continuation_and_rerender(stack, canary,
     sent = stack.double.requests[-1]["input_ids"]
     continued = sent[: len(held)] == held
     req = parse_chat_request(json.dumps(second).encode())
-    full = stack.app[keys.RENDERER].render_full([m.to_template() for m in req.messages], req.template_tools(), req.chat_template_kwargs)
-    forced = stack.app[keys.RENDERER].forced_prefix(req.tool_choice, req.tools)
-    full += stack.app[keys.RENDERER].encode(forced.text) if forced else []
+    turn = turn_request(req, None, "")
+    full = stack.app[keys.RENDERER].render_full(turn.messages, turn.tools, turn.template_kwargs)
+    if turn.tool_choice == "required":
+        full += stack.app[keys.RENDERER].encode(get_tool_parser("hermes").forced_prefix(turn.forced_tool))
     assert continued or sent == full
     event(f"continued={continued} alteration={alteration}")
 

@@ -1,8 +1,19 @@
-"""Session registry: which turn a request continues, and what a diverging history does."""
+"""Session store: which turn a request continues, what a diverging history does, how a session goes."""
 
 from array import array
 
-from sidecar.conversation.store import SessionRegistry, TurnState, extend_fingerprint, fingerprints
+from sidecar.conversation.fingerprint import extend_fingerprint, fingerprints
+from sidecar.conversation.store import SessionStore, TurnState
+from sidecar.engine.capacity import EngineCapacity
+from sidecar.metrics import SidecarMetrics
+from sidecar.policy import TurnEnd, build_policy
+from sidecar.settings import SidecarSettings
+
+
+def new_store(max_sessions=10_000):
+    """A store on the policy the default settings build (it binds itself to the store)."""
+    policy = build_policy(SidecarSettings(), EngineCapacity(0))
+    return SessionStore(policy, max_sessions, SidecarMetrics())
 
 
 def _turn(messages, reply, ids, end_id=151645):
@@ -21,7 +32,7 @@ TOOL = {"role": "tool", "content": "a.py", "tool_call_id": "call_1"}
 
 
 def test_next_turn_is_recognised_implicitly():
-    reg = SessionRegistry()
+    reg = new_store()
     first = reg.resolve([SYSTEM, USER], None)
     assert first.base is None and first.is_new_session
     reg.record_turn(first.session, _turn([SYSTEM, USER], REPLY, [1, 2, 3, 4]))
@@ -36,7 +47,7 @@ def test_next_turn_is_recognised_implicitly():
 
 
 def test_edited_history_starts_a_new_branch():
-    reg = SessionRegistry()
+    reg = new_store()
     first = reg.resolve([SYSTEM, USER], None)
     reg.record_turn(first.session, _turn([SYSTEM, USER], REPLY, [1, 2, 3]))
     edited_user = {"role": "user", "content": "fix the other bug"}
@@ -46,7 +57,7 @@ def test_edited_history_starts_a_new_branch():
 
 
 def test_changed_reply_is_not_continued():
-    reg = SessionRegistry()
+    reg = new_store()
     first = reg.resolve([SYSTEM, USER], None)
     reg.record_turn(first.session, _turn([SYSTEM, USER], REPLY, [1, 2, 3]))
     other_reply = {"role": "assistant", "content": "I will not"}
@@ -54,7 +65,7 @@ def test_changed_reply_is_not_continued():
 
 
 def test_explicit_id_wins_and_truncated_history_branches_inside_it():
-    reg = SessionRegistry()
+    reg = new_store()
     a = reg.resolve([SYSTEM, USER], "agent-7")
     assert a.session.id == "agent-7" and a.is_new_session
     reg.record_turn(a.session, _turn([SYSTEM, USER], REPLY, [1, 2]))
@@ -73,24 +84,59 @@ def test_explicit_id_wins_and_truncated_history_branches_inside_it():
 
 
 def test_explicit_ids_do_not_see_each_others_turns():
-    reg = SessionRegistry()
+    reg = new_store()
     a = reg.resolve([SYSTEM, USER], "a")
     reg.record_turn(a.session, _turn([SYSTEM, USER], REPLY, [1, 2]))
     b = reg.resolve([SYSTEM, USER, REPLY, TOOL], "b")
     assert b.base is None
 
 
-def test_table_is_bounded_and_reports_what_it_forgot():
-    forgotten = []
-    reg = SessionRegistry(max_sessions=3, on_forget=lambda s: forgotten.append(s.id))
+def test_store_is_bounded_and_counts_what_it_forgot():
+    reg = new_store(max_sessions=3)
+    first = []
     for i in range(5):
         res = reg.resolve([{"role": "user", "content": f"task {i}"}], None)
         reg.record_turn(res.session, _turn([{"role": "user", "content": f"task {i}"}], REPLY, [i]))
+        first.append(res.session.id)
     assert len(reg) == 3
-    assert len(forgotten) == 2
+    assert [s.id for s in reg.all()] == first[2:]
+    assert reg._metrics.registry.get_sample_value("sidecar_sessions_closed_total", {"reason": "capacity"}) == 2
     # The oldest sessions went first; their turns can no longer be matched.
     old = reg.resolve([{"role": "user", "content": "task 0"}, REPLY, TOOL], None)
     assert old.base is None
+
+
+class _Worker:
+    def __init__(self):
+        self.released = []
+
+    def release(self, session_id):
+        self.released.append(session_id)
+
+
+def test_forgetting_a_session_is_one_path_store_index_policy_lease_metric():
+    reg = new_store()
+    policy = reg.policy
+    res = reg.resolve([SYSTEM, USER], "agent-1")
+    session = res.session
+    session.worker = _Worker()
+    policy._start_request(session.id, 100)
+    policy.on_request(session.id, 100, policy.clock())
+    reg.record_turn(session, _turn([SYSTEM, USER], REPLY, [1, 2, 3]))
+    policy.on_turn_end(TurnEnd(session.id, 3, ["bash"], policy.clock()))  # its gap is open
+    policy.release_admission(session.id)
+
+    reg.forget(session, "client")
+    assert reg.get(session.id) is None and len(reg) == 0
+    assert reg.resolve([SYSTEM, USER, REPLY, TOOL], None).base is None  # out of the fingerprint index too
+    assert session.worker.released == [session.id]  # its lease released on the worker it lived on
+    assert reg._metrics.registry.get_sample_value("sidecar_sessions_closed_total", {"reason": "client"}) == 1
+    # the policy learned the open gap as "not back", and takes it back if the session returns
+    assert session.record.censored is not None
+    back, is_new = reg.open("agent-1")
+    assert is_new and back.record.censored is session.record.censored and back.record.turn_ended_at is not None
+    reg.forget(session, "client")  # gone already: nothing happens twice
+    assert reg._metrics.registry.get_sample_value("sidecar_sessions_closed_total", {"reason": "client"}) == 1
 
 
 def test_fingerprint_tells_apart_what_the_model_saw_and_ignores_what_it_did_not():

@@ -9,15 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sidecar.generation.relay import GenerationResult
 from sidecar.generation.tool_parsers import (
     ContentDelta,
     HermesToolParser,
     NoToolParser,
-    ParsedOutput,
     ToolCall,
     ToolCallArgumentsDelta,
     ToolCallStart,
-    events_to_output,
     get_tool_parser,
 )
 
@@ -50,9 +49,23 @@ TEXTS = [
 ]
 
 
-def norm(out: ParsedOutput) -> tuple:
-    """Everything but the random ids."""
-    return out.content, [(c.name, c.arguments) for c in out.tool_calls]
+def collect(events) -> GenerationResult:
+    """Events folded into a reply, as the relay folds them."""
+    out = GenerationResult()
+    for event in events:
+        out.add(event)
+    return out
+
+
+def parse(text: str, parser=None) -> GenerationResult:
+    """A whole text through a fresh parser (the non-streaming case)."""
+    parser = parser or HermesToolParser()
+    return collect(parser.feed(text) + parser.finish())
+
+
+def norm(out: GenerationResult) -> tuple:
+    """Everything but the random ids (no content is None)."""
+    return out.content or None, [(c.name, c.arguments) for c in out.tool_calls]
 
 
 def stream(text: str, cuts: list[int], parser=None) -> list:
@@ -68,22 +81,17 @@ def stream(text: str, cuts: list[int], parser=None) -> list:
 
 
 def test_single_call():
-    out = HermesToolParser.parse(WEATHER)
-    assert out.content is None
+    out = parse(WEATHER)
+    assert out.content == ""
     [tc] = out.tool_calls
     assert tc.name == "get_weather"
     assert json.loads(tc.arguments) == {"city": "Paris", "unit": "c"}
     assert ID_RE.match(tc.id)
-    assert tc.to_openai() == {
-        "id": tc.id,
-        "type": "function",
-        "function": {"name": "get_weather", "arguments": tc.arguments},
-    }
 
 
 def test_content_before_and_multiple_calls():
     text = "<think>\nhmm\n</think>\n\nSure.\n" + WEATHER + "\n" + SEARCH
-    out = HermesToolParser.parse(text)
+    out = parse(text)
     assert out.content == "<think>\nhmm\n</think>\n\nSure."
     assert [c.name for c in out.tool_calls] == ["get_weather", "search"]
     assert json.loads(out.tool_calls[1].arguments)["q"] == "日本語 😀"
@@ -92,37 +100,37 @@ def test_content_before_and_multiple_calls():
 
 
 def test_malformed_block_stays_content():
-    out = HermesToolParser.parse("before " + BAD + " after\n" + WEATHER)
+    out = parse("before " + BAD + " after\n" + WEATHER)
     assert out.content == "before " + BAD + " after"
     assert [c.name for c in out.tool_calls] == ["get_weather"]
 
 
 def test_non_object_or_nameless_json_is_content():
     text = "<tool_call>[1, 2]</tool_call> <tool_call>{\"arguments\": {}}</tool_call>"
-    assert HermesToolParser.parse(text) == ParsedOutput(content=text, tool_calls=[])
+    assert norm(parse(text)) == (text, [])
 
 
 def test_unterminated_blocks():
-    out = HermesToolParser.parse("x " + WEATHER[: -len("</tool_call>")])
+    out = parse("x " + WEATHER[: -len("</tool_call>")])
     assert out.content == "x"
     assert [c.name for c in out.tool_calls] == ["get_weather"]
     broken = "x <tool_call>\n{\"name\": \"get_w"
-    assert norm(HermesToolParser.parse(broken)) == (broken, [])
+    assert norm(parse(broken)) == (broken, [])
 
 
 def test_arguments_forms():
     s = '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>'
-    assert HermesToolParser.parse(s).tool_calls[0].arguments == '{"a": 1}'
+    assert parse(s).tool_calls[0].arguments == '{"a": 1}'
     s = '<tool_call>{"name": "f"}</tool_call>'
-    assert HermesToolParser.parse(s).tool_calls[0].arguments == "{}"
+    assert parse(s).tool_calls[0].arguments == "{}"
     s = '<tool_call>{"name": "f", "arguments": "not json"}</tool_call>'
-    assert norm(HermesToolParser.parse(s)) == (s, [])
+    assert norm(parse(s)) == (s, [])
 
 
 def test_plain_text_and_empty():
-    assert HermesToolParser.parse("  hi there \n") == ParsedOutput("hi there", [])
-    assert HermesToolParser.parse("") == ParsedOutput(None, [])
-    assert HermesToolParser.parse(" \n ") == ParsedOutput(None, [])
+    assert norm(parse("  hi there \n")) == ("hi there", [])
+    assert norm(parse("")) == (None, [])
+    assert norm(parse(" \n ")) == (None, [])
 
 
 def test_get_tool_parser():
@@ -136,11 +144,22 @@ def test_get_tool_parser():
 
 
 def test_none_parser_passes_through():
+    assert norm(parse(" " + WEATHER + " ", get_tool_parser("none"))) == (" " + WEATHER + " ", [])
+    assert norm(parse("", get_tool_parser("none"))) == (None, [])
     p = get_tool_parser("none")
-    assert p.parse(" " + WEATHER + " ") == ParsedOutput(" " + WEATHER + " ", [])
-    assert p.parse("") == ParsedOutput(None, [])
     events = p.feed(" a ") + p.feed("") + p.feed(WEATHER) + p.finish()
-    assert events_to_output(events) == ParsedOutput(" a " + WEATHER, [])
+    assert norm(collect(events)) == (" a " + WEATHER, [])
+
+
+def test_the_parser_owns_the_prefix_that_forces_a_call():
+    p = HermesToolParser()
+    assert p.forced_prefix(None) == "<tool_call>\n"  # tool_choice required: any tool
+    named = p.forced_prefix("get_weather")  # a named tool_choice: its name is written too
+    assert named == '<tool_call>\n{"name": "get_weather", "arguments": '
+    # the model's continuation completes a call the parser reads back
+    out = parse(named + '{"city": "Paris"}}\n</tool_call>')
+    assert [(c.name, json.loads(c.arguments)) for c in out.tool_calls] == [("get_weather", {"city": "Paris"})]
+    assert get_tool_parser("none").forced_prefix("get_weather") is None  # no format, nothing to force
 
 
 def test_tool_call_is_frozen():
@@ -194,11 +213,11 @@ def test_stream_unterminated_at_finish():
 
 @pytest.mark.parametrize("text", TEXTS)
 def test_every_single_split_point(text):
-    expected = norm(HermesToolParser.parse(text))
+    expected = norm(parse(text))
     for i in range(len(text) + 1):
-        assert norm(events_to_output(stream(text, [i]))) == expected
+        assert norm(collect(stream(text, [i]))) == expected
     # one character at a time
-    assert norm(events_to_output(stream(text, list(range(len(text)))))) == expected
+    assert norm(collect(stream(text, list(range(len(text)))))) == expected
 
 
 @settings(max_examples=400, deadline=None)
@@ -206,7 +225,7 @@ def test_every_single_split_point(text):
 def test_stream_equals_parse(text, data):
     cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=12))
     events = stream(text, cuts)
-    assert norm(events_to_output(events)) == norm(HermesToolParser.parse(text))
+    assert norm(collect(events)) == norm(parse(text))
     # Start precedes its arguments, indices are 0..n-1 in order, no empty deltas.
     starts = [e.index for e in events if isinstance(e, ToolCallStart)]
     assert starts == list(range(len(starts)))
@@ -227,8 +246,8 @@ def test_stream_equals_parse(text, data):
 def test_stream_equals_parse_random_texts(parts, data):
     text = "".join(parts)
     cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=12))
-    out = events_to_output(stream(text, cuts))
-    assert norm(out) == norm(HermesToolParser.parse(text))
+    out = collect(stream(text, cuts))
+    assert norm(out) == norm(parse(text))
     assert norm(out) == reference_parse(text)
 
 
@@ -253,4 +272,4 @@ def reference_parse(text: str) -> tuple:
 
 @pytest.mark.parametrize("text", TEXTS)
 def test_parse_matches_reference(text):
-    assert norm(HermesToolParser.parse(text)) == reference_parse(text)
+    assert norm(parse(text)) == reference_parse(text)

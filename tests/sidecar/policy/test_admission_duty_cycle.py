@@ -8,7 +8,7 @@ idle leased session counts service / (service + predicted remaining gap) of its 
 import asyncio
 
 import pytest
-from policy_helpers import FakeClock, make_policy
+from policy_helpers import FakeClock, admit, make_policy
 
 from sidecar.policy import TurnEnd
 
@@ -21,7 +21,7 @@ def gated(clock, capacity, policy=None, **admission):
 
 
 async def admitted_now(policy, sid, tokens) -> bool:
-    task = asyncio.create_task(policy.admit(sid, tokens, is_new_session=True))
+    task = asyncio.create_task(admit(policy, sid, tokens, is_new_session=True))
     for _ in range(5):
         await asyncio.sleep(0)
     done = task.done()
@@ -47,7 +47,7 @@ async def test_agent_in_a_long_tool_gap_does_not_keep_a_new_one_out(idle_weight,
     # gaps expected to last ~60 s, turns take 1 s: the idle agent runs ~2 % of the time
     policy = gated(clock, 10_000, policy={"mode": "fixed", "fixed_ttl": 600.0, "prior_median_s": 60.0},
                    idle_weight=idle_weight)
-    await policy.admit("a", 6_000, True)
+    await admit(policy, "a", 6_000, True)
     run_turn(policy, clock, "a", 6_000, service_s=1.0, first=True)
     assert policy._resident_summary(clock.now)[2] == 1  # still leased
     assert await admitted_now(policy, "b", 5_000) is admitted
@@ -58,7 +58,7 @@ async def test_agent_about_to_return_still_counts():
     # gaps of ~0.2 s after 5 s turns: the leased KV is needed again almost at once
     policy = gated(clock, 10_000, policy={"mode": "fixed", "fixed_ttl": 600.0, "prior_median_s": 0.2,
                                           "prior_sigma": 0.3}, idle_weight="duty_cycle")
-    await policy.admit("a", 6_000, True)
+    await admit(policy, "a", 6_000, True)
     run_turn(policy, clock, "a", 6_000, service_s=5.0, first=True)
     assert not await admitted_now(policy, "b", 5_000)
 
@@ -67,7 +67,7 @@ async def test_running_sessions_count_in_full_whatever_their_gaps():
     clock = FakeClock()
     policy = gated(clock, 10_000, policy={"mode": "fixed", "fixed_ttl": 600.0, "prior_median_s": 60.0},
                    idle_weight="duty_cycle")
-    await policy.admit("a", 6_000, True)
+    await admit(policy, "a", 6_000, True)
     run_turn(policy, clock, "a", 6_000, service_s=1.0, first=True)
     clock.advance(60.0)
     policy._start_request("a", 6_100)  # back: running again
@@ -87,7 +87,7 @@ async def test_time_horizon_projects_fewer_turns_for_agents_with_long_gaps(horiz
     clock = FakeClock()
     policy = gated(clock, 15_000, expected_growth_tokens=1_000, projection_turns=8.0,
                    projection_horizon_s=horizon_s)
-    await policy.admit("a", 2_000, True)
+    await admit(policy, "a", 2_000, True)
     run_turn(policy, clock, "a", 2_000, service_s=1.0, first=True)
     clock.advance(gap_s)
     policy._start_request("a", 2_100)
@@ -98,5 +98,5 @@ async def test_time_horizon_projects_fewer_turns_for_agents_with_long_gaps(horiz
 async def test_before_any_cycle_is_seen_the_horizon_falls_back_to_turns():
     clock = FakeClock()
     policy = gated(clock, 15_000, expected_growth_tokens=1_000, projection_turns=8.0, projection_horizon_s=20.0)
-    await policy.admit("a", 2_000, True)  # running, nothing learned: 2K + 8 x 1K
+    await admit(policy, "a", 2_000, True)  # running, nothing learned: 2K + 8 x 1K
     assert not await admitted_now(policy, "b", 2_000)

@@ -3,7 +3,7 @@
 import asyncio
 
 import pytest
-from policy_helpers import FakeClock, make_policy
+from policy_helpers import FakeClock, admit, make_policy
 
 from sidecar.policy import AdmissionRejected, TurnEnd
 
@@ -17,7 +17,7 @@ def gated(clock, capacity=10_000, **admission):
 
 
 async def start(policy, order, sid, tokens, new=True):
-    await policy.admit(sid, tokens, is_new_session=new)
+    await admit(policy, sid, tokens, is_new_session=new)
     order.append(sid)
 
 
@@ -28,8 +28,8 @@ async def settle():
 
 async def test_admits_immediately_while_it_fits():
     policy = gated(FakeClock())
-    await asyncio.wait_for(policy.admit("a", 4_000, True), 1)
-    await asyncio.wait_for(policy.admit("b", 5_000, True), 1)
+    await asyncio.wait_for(admit(policy, "a", 4_000, True), 1)
+    await asyncio.wait_for(admit(policy, "b", 5_000, True), 1)
     assert policy.gate.queue_length == 0
     assert policy.metrics.admission_decisions.labels("immediate")._value.get() == 2
 
@@ -37,7 +37,7 @@ async def test_admits_immediately_while_it_fits():
 async def test_waiters_are_let_in_fifo_without_overtaking_when_a_session_leaves():
     clock = FakeClock()
     policy = gated(clock)
-    await policy.admit("big", 8_000, True)
+    await admit(policy, "big", 8_000, True)
     order: list[str] = []
     first = asyncio.create_task(start(policy, order, "needs-3000", 3_000))
     await settle()
@@ -53,7 +53,7 @@ async def test_waiters_are_let_in_fifo_without_overtaking_when_a_session_leaves(
 
 async def test_head_that_does_not_fit_blocks_later_ones():
     policy = gated(FakeClock())
-    await policy.admit("a", 6_000, True)
+    await admit(policy, "a", 6_000, True)
     order: list[str] = []
     head = asyncio.create_task(start(policy, order, "head-5000", 5_000))
     await settle()
@@ -67,11 +67,11 @@ async def test_head_that_does_not_fit_blocks_later_ones():
 
 async def test_full_queue_rejects_with_retry_after():
     policy = gated(FakeClock(), max_queue=2, retry_after=7.0)
-    await policy.admit("resident", 9_500, True)
-    waiters = [asyncio.create_task(policy.admit(f"w{i}", 1_000, True)) for i in range(2)]
+    await admit(policy, "resident", 9_500, True)
+    waiters = [asyncio.create_task(admit(policy, f"w{i}", 1_000, True)) for i in range(2)]
     await settle()
     with pytest.raises(AdmissionRejected) as rejected:
-        await policy.admit("third", 1_000, True)
+        await admit(policy, "third", 1_000, True)
     assert rejected.value.retry_after_s >= 7.0
     assert policy.metrics.admission_decisions.labels("rejected")._value.get() == 1
     for w in waiters:
@@ -82,18 +82,18 @@ async def test_full_queue_rejects_with_retry_after():
 
 async def test_continuing_sessions_are_never_gated():
     policy = gated(FakeClock())
-    await policy.admit("a", 9_900, True)
-    await asyncio.wait_for(policy.admit("a", 20_000, is_new_session=False), 1)
+    await admit(policy, "a", 9_900, True)
+    await asyncio.wait_for(admit(policy, "a", 20_000, is_new_session=False), 1)
 
 
 async def test_alone_a_session_is_admitted_even_if_too_big():
     policy = gated(FakeClock())
-    await asyncio.wait_for(policy.admit("huge", 50_000, True), 1)
+    await asyncio.wait_for(admit(policy, "huge", 50_000, True), 1)
 
 
 async def test_cancelled_waiter_leaves_the_queue_and_the_next_one_goes():
     policy = gated(FakeClock())
-    await policy.admit("a", 9_000, True)
+    await admit(policy, "a", 9_000, True)
     order: list[str] = []
     gone = asyncio.create_task(start(policy, order, "gone", 5_000))
     await settle()
@@ -108,7 +108,7 @@ async def test_cancelled_waiter_leaves_the_queue_and_the_next_one_goes():
 async def test_expiring_lease_lets_the_waiter_in():
     clock = FakeClock()
     policy = gated(clock, capacity=10_000)
-    await policy.admit("agent", 8_000, True)
+    await admit(policy, "agent", 8_000, True)
     policy.on_request("agent", 8_000, clock.now)
     ttl = policy.lease_ttl("agent", 8_000, clock.now)
     policy.on_turn_end(TurnEnd("agent", 8_200, ["bash"], clock.now))
@@ -126,8 +126,8 @@ async def test_expiring_lease_lets_the_waiter_in():
 async def test_max_wait_lets_a_waiter_in_regardless():
     clock = FakeClock()
     policy = gated(clock, max_wait=30.0)
-    await policy.admit("a", 9_000, True)
-    waiter = asyncio.create_task(policy.admit("b", 5_000, True))
+    await admit(policy, "a", 9_000, True)
+    waiter = asyncio.create_task(admit(policy, "b", 5_000, True))
     await asyncio.sleep(0.03)
     assert not waiter.done()
     clock.advance(31.0)
@@ -137,8 +137,8 @@ async def test_max_wait_lets_a_waiter_in_regardless():
 
 async def test_projection_includes_expected_growth():
     policy = gated(FakeClock(), expected_growth_tokens=2_000)
-    await policy.admit("a", 3_000, True)  # projected 5_000
-    waiter = asyncio.create_task(policy.admit("b", 3_500, True))  # projected 5_500: 10_500 > 10_000
+    await admit(policy, "a", 3_000, True)  # projected 5_000
+    waiter = asyncio.create_task(admit(policy, "b", 3_500, True))  # projected 5_500: 10_500 > 10_000
     await asyncio.sleep(0.03)
     assert not waiter.done()
     waiter.cancel()
@@ -148,7 +148,7 @@ async def test_projection_includes_expected_growth():
 async def test_disabled_admission_lets_everyone_through():
     policy = make_policy(capacity=1_000, admission={"enabled": False})
     for i in range(10):
-        await asyncio.wait_for(policy.admit(f"s{i}", 900, True), 1)
+        await asyncio.wait_for(admit(policy, f"s{i}", 900, True), 1)
 
 
 async def test_many_concurrent_sessions_all_finish():
@@ -158,7 +158,7 @@ async def test_many_concurrent_sessions_all_finish():
 
     async def session(i):
         sid = f"s{i}"
-        await policy.admit(sid, 3_000, True)
+        await admit(policy, sid, 3_000, True)
         await asyncio.sleep(0.001 * (i % 3))
         policy.on_request(sid, 3_000, clock.now)
         policy.on_turn_end(TurnEnd(sid, 3_100, [], clock.now))

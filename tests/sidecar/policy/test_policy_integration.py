@@ -1,9 +1,9 @@
-"""The policy end to end as the HTTP layer drives it, and the metrics it exposes."""
+"""The policy end to end as the turn core drives it (on a session store), and the metrics it exposes."""
 
-from policy_helpers import FakeClock
+from policy_helpers import FakeClock, admit, on_store
 from prometheus_client import CollectorRegistry, generate_latest
 
-from sidecar.policy import EngineCapacity, NullPolicy, TurnEnd, build_policy
+from sidecar.policy import EngineCapacity, TurnEnd, build_policy
 from sidecar.settings import load_settings
 
 
@@ -12,7 +12,7 @@ def value(registry, name, **labels):
 
 
 async def run_turn(policy, clock, sid, prompt, new, tools, think_s=0.5):
-    await policy.admit(sid, prompt, new)
+    await admit(policy, sid, prompt, new)
     policy.on_request(sid, prompt, clock.now)
     ttl = policy.lease_ttl(sid, prompt, clock.now)
     clock.advance(think_s)
@@ -24,7 +24,7 @@ async def run_turn(policy, clock, sid, prompt, new, tools, think_s=0.5):
 async def test_build_policy_from_settings_learns_and_reports():
     settings = load_settings(overrides={"policy": {"mode": "predictive"}, "admission": {"enabled": True}})
     registry, clock = CollectorRegistry(), FakeClock()
-    policy = build_policy(settings, EngineCapacity(200_000), registry=registry, clock=clock)
+    policy = on_store(build_policy(settings, EngineCapacity(200_000), registry=registry, clock=clock))
     prompt = 20_000
     for i in range(40):
         ttl = await run_turn(policy, clock, "agent", prompt, i == 0, ["edit"])
@@ -54,7 +54,7 @@ async def test_build_policy_from_settings_learns_and_reports():
 async def test_a_return_after_the_lease_is_a_miss():
     settings = load_settings(overrides={"policy": {"mode": "fixed", "fixed_ttl": 2.0}})
     registry, clock = CollectorRegistry(), FakeClock()
-    policy = build_policy(settings, EngineCapacity(100_000), registry=registry, clock=clock)
+    policy = on_store(build_policy(settings, EngineCapacity(100_000), registry=registry, clock=clock))
     await run_turn(policy, clock, "s", 1_000, True, ["bash"])
     clock.advance(5.0)
     await run_turn(policy, clock, "s", 1_200, False, [])
@@ -66,7 +66,7 @@ async def test_a_return_after_the_lease_is_a_miss():
 async def test_off_mode_sends_no_lease_but_still_closes_idle_sessions():
     settings = load_settings(overrides={"server": {"session_idle_grace": 10.0}})
     clock = FakeClock()
-    policy = build_policy(settings, EngineCapacity(100_000), clock=clock)
+    policy = on_store(build_policy(settings, EngineCapacity(100_000), clock=clock))
     assert await run_turn(policy, clock, "s", 1_000, True, []) is None
     clock.advance(11)
     assert policy.sessions_to_close(clock.now) == ["s"]
@@ -75,7 +75,7 @@ async def test_off_mode_sends_no_lease_but_still_closes_idle_sessions():
 async def test_revised_lease_uses_the_known_tools():
     settings = load_settings(overrides={"policy": {"mode": "predictive"}})
     clock = FakeClock()
-    policy = build_policy(settings, EngineCapacity(0), clock=clock)
+    policy = on_store(build_policy(settings, EngineCapacity(0), clock=clock))
     for i in range(100):  # builds take 20 s, finishes never return
         policy.predictor.observe(["build"], 20.0, context_tokens=50_000)
         policy.predictor.observe_censored(["finish"], context_tokens=50_000)
@@ -83,10 +83,3 @@ async def test_revised_lease_uses_the_known_tools():
     assert policy.revised_lease_ttl("s", clock.now) == settings.policy.min_ttl
     await run_turn(policy, clock, "t", 50_000, True, ["build"])
     assert 20.0 < policy.revised_lease_ttl("t", clock.now) < 40.0
-
-
-async def test_null_policy_satisfies_the_protocol():
-    policy = NullPolicy()
-    await policy.admit("s", 1, True)
-    assert policy.lease_ttl("s", 1, 0.0) is None
-    assert policy.sessions_to_close(0.0) == []

@@ -6,6 +6,8 @@ import asyncio
 
 import pytest
 
+from policy_helpers import admit, on_store
+
 from sidecar.policy import EngineCapacity, build_policy
 from sidecar.settings import load_settings
 
@@ -25,14 +27,14 @@ def _policy(projection_turns: float):
             },
         }
     )
-    return build_policy(settings, EngineCapacity(max_total_num_tokens=20_000))
+    return on_store(build_policy(settings, EngineCapacity(max_total_num_tokens=20_000)))
 
 
 async def _admitted_count(policy, sessions: int) -> int:
     started = []
 
     async def start(i):
-        await policy.admit(f"s{i}", 1000, True)
+        await admit(policy, f"s{i}", 1000, True)
         started.append(i)
 
     tasks = [asyncio.ensure_future(start(i)) for i in range(sessions)]
