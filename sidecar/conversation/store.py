@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.conversation.fingerprint import fingerprints
+from sidecar.engine.worker import Worker
 from sidecar.errors import invalid_request
 from sidecar.id_text import IdText
 from sidecar.metrics import SidecarMetrics
@@ -71,7 +72,7 @@ class Session:
     turns: "OrderedDict[bytes, TurnState]" = field(default_factory=OrderedDict)
     inflight: int = 0  # requests the sidecar is handling (waiting for admission or running)
     turn_count: int = 0
-    worker: Any = None  # sidecar.engine.worker.Worker its requests went to (None: none went yet)
+    worker: Worker | None = None  # the worker its requests went to (None: none went yet)
 
     @property
     def public_id(self) -> str:

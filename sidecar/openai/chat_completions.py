@@ -7,7 +7,6 @@ same for every front door.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any, Callable
 
@@ -16,6 +15,7 @@ from aiohttp import web
 from sidecar.engine.generate import Sampling
 from sidecar.errors import APIError
 from sidecar.openai import shapes
+from sidecar.openai.shapes import event_delta
 from sidecar.openai.schema import ChatCompletionRequest, NamedToolChoice, parse_chat_request
 from sidecar.turn.core import Turn, TurnCore
 from sidecar.turn.request import TurnRequest
@@ -106,7 +106,7 @@ async def stream_reply(
 
     try:
         async for event in turn.events():
-            await send(frames.delta(shapes.event_delta(event)))
+            await send(frames.delta(event_delta(event)))
         result = turn.result
         tail = frames.delta({}, result.finish_reason)
         if include_usage:

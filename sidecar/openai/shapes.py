@@ -72,27 +72,18 @@ def event_delta(event: Event) -> dict[str, Any]:
     raise TypeError(f"unknown relay event {event!r}")
 
 
+def _chunk_head(cid: str, model: str, created: int) -> dict[str, Any]:
+    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "system_fingerprint": None}
+
+
 def chunk(cid: str, model: str, created: int, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-    return {
-        "id": cid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "system_fingerprint": None,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+    return _chunk_head(cid, model, created) | {
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
     }
 
 
 def usage_chunk(cid: str, model: str, created: int, usage: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "id": cid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "system_fingerprint": None,
-        "choices": [],
-        "usage": usage,
-    }
+    return _chunk_head(cid, model, created) | {"choices": [], "usage": usage}
 
 
 # json.dumps(x, ensure_ascii=False) builds a new encoder per call; a frame per token pays that

@@ -15,19 +15,16 @@ from typing import Any, AsyncIterator
 import aiohttp
 from aiohttp import web
 
-from sidecar.conversation.chat_template import ChatRenderer
-from sidecar.conversation.store import SessionStore
 from sidecar.engine.capacity import EngineCapacity
 from sidecar.engine.client import EngineClient
 from sidecar.engine.worker import Worker, Workers
 from sidecar.errors import APIError
 from sidecar.metrics import SidecarMetrics
-from sidecar.policy import build_policy
 from sidecar.server import keys, routes
 from sidecar.server.auth import AuthConfigError, auth_middleware, build_key_store
 from sidecar.server.middleware import error_middleware, metrics_middleware
 from sidecar.settings import SidecarSettings
-from sidecar.turn.core import TurnCore
+from sidecar.turn.core import build_core
 
 log = logging.getLogger("sidecar")
 
@@ -120,24 +117,21 @@ def _engine_context(preloaded_tokenizer):
 
 
 def configure(app: web.Application, engine: EngineClient, tokenizer, info: dict[str, Any]) -> None:
-    """Wire the services: one worker (the SGLang server), its policy, the session store, the core."""
+    """One worker (the SGLang server at --sglang-url) and the turn core on it."""
     settings = app[keys.SETTINGS]
+    metrics = app[keys.METRICS]
+    workers = Workers([Worker(engine, EngineCapacity.from_server_info(info))])
+    model_name = settings.server.model_name or info.get("served_model_name") or info.get("model_path") or "default"
     try:
-        renderer = ChatRenderer(tokenizer)
+        core = build_core(settings, tokenizer, workers, metrics, model_name)
     except ValueError as exc:
         raise StartupError(str(exc)) from None
-    metrics = app[keys.METRICS]
-    worker = Worker(engine, EngineCapacity.from_server_info(info))
-    workers = Workers([worker])
-    policy = build_policy(settings, worker.capacity, registry=metrics.registry)
-    store = SessionStore(policy, settings.server.max_sessions, metrics)
-    metrics.sessions.set_function(lambda: len(store))
-    model_name = settings.server.model_name or info.get("served_model_name") or info.get("model_path") or "default"
+    metrics.sessions.set_function(lambda: len(core.sessions))
     app[keys.WORKERS] = workers
-    app[keys.RENDERER] = renderer
-    app[keys.POLICY] = policy
-    app[keys.SESSIONS] = store
-    app[keys.TURNS] = TurnCore(settings.server, renderer, store, policy, workers, metrics, model_name)
+    app[keys.RENDERER] = core.renderer
+    app[keys.POLICY] = core.policy
+    app[keys.SESSIONS] = core.sessions
+    app[keys.TURNS] = core
 
 
 async def _lifecycle_context(app: web.Application) -> AsyncIterator[None]:

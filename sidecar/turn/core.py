@@ -7,7 +7,7 @@ failed, aborted or rejected request never changes what the next turn continues f
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 from sidecar.conversation.chat_template import ChatRenderer
 from sidecar.conversation.fingerprint import extend_fingerprint, reply_message
@@ -19,8 +19,8 @@ from sidecar.generation.relay import Generation, GenerationResult
 from sidecar.generation.tool_parsers import Event, get_tool_parser
 from sidecar.id_text import IdText
 from sidecar.metrics import SidecarMetrics
-from sidecar.policy import AdmissionRejected, SessionPolicy, TurnEnd
-from sidecar.settings import ServerSettings
+from sidecar.policy import AdmissionRejected, SessionPolicy, TurnEnd, build_policy
+from sidecar.settings import ServerSettings, SidecarSettings
 from sidecar.turn.request import TurnRequest
 
 
@@ -47,6 +47,16 @@ class TurnCore:
 
     def turn(self, request: TurnRequest) -> Turn:
         return Turn(self, request)
+
+
+def build_core(settings: SidecarSettings, tokenizer, workers: Workers, metrics: SidecarMetrics, model_name: str) -> TurnCore:
+    """The core and its services: the chat template (ValueError if the tokenizer has none), the
+    policy (admitting against the worker's capacity: one worker today), the session store."""
+    renderer = ChatRenderer(tokenizer)
+    (worker,) = workers
+    policy = build_policy(settings, worker.capacity, registry=metrics.registry)
+    sessions = SessionStore(policy, settings.server.max_sessions, metrics)
+    return TurnCore(settings.server, renderer, sessions, policy, workers, metrics, model_name)
 
 
 class Turn:

@@ -350,6 +350,8 @@ async def test_engine_down_is_503_and_health_says_so(aiohttp_client, qwen3_token
     assert status == 503 and err["error"]["type"] == "engine_unavailable"
     assert (await client.get("/health")).status == 503
     assert (await (await client.get("/v1/sessions")).json())["data"] == []
+    metrics = await (await client.get("/metrics")).text()  # the failed first request left no policy record either
+    assert "\nsidecar_policy_sessions 0.0\n" in metrics and "\nsidecar_sessions 0.0\n" in metrics
 
 
 async def test_agent_disconnect_mid_stream_aborts_the_engine_request(sidecar, qwen3_tokenizer):
