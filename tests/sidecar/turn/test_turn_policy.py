@@ -1,4 +1,4 @@
-"""The policy as the HTTP layer drives it: leases on the wire, admission queue, idle closing."""
+"""The policy as the turn core drives it over HTTP: leases on the wire, admission queue, idle closing."""
 
 from __future__ import annotations
 
