@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 
 from sidecar.conversation.chat_template import ChatRenderer
 from sidecar.conversation.store import SessionStore
 from sidecar.engine.worker import Workers
 from sidecar.metrics import SidecarMetrics
+from sidecar.policy import SessionPolicy
 from sidecar.settings import SidecarSettings
 from sidecar.turn.core import TurnCore
 
@@ -17,6 +16,6 @@ SETTINGS = web.AppKey("settings", SidecarSettings)
 METRICS = web.AppKey("metrics", SidecarMetrics)
 WORKERS = web.AppKey("workers", Workers)
 RENDERER = web.AppKey("renderer", ChatRenderer)
-POLICY = web.AppKey("policy", Any)
+POLICY = web.AppKey("policy", SessionPolicy)
 SESSIONS = web.AppKey("sessions", SessionStore)
 TURNS = web.AppKey("turns", TurnCore)
