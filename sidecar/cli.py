@@ -87,7 +87,7 @@ def serve(config_file: str | None, **kwargs: Any) -> None:
     """Serve /v1/chat/completions in front of SGLang's native /generate."""
     from aiohttp import web
 
-    from sidecar.app import StartupError, create_app, load_tokenizer
+    from sidecar.server.app import StartupError, create_app, load_tokenizer
 
     try:
         settings = load_settings(config_file, collect_overrides(kwargs))

@@ -1,12 +1,13 @@
 """OpenAI-style errors: one exception type carries status, type, message, param and code.
 
-Every failure the agent sees goes through :func:`error_response`, so clients that parse OpenAI's
-error envelope (``{"error": {"message", "type", "param", "code"}}``) handle ours unchanged.
+Every layer raises :class:`APIError`; the server's error middleware answers it in OpenAI's
+envelope (``{"error": {"message", "type", "param", "code"}}``), so clients that parse OpenAI's
+errors handle ours unchanged. No aiohttp here: any layer may import this module.
 """
 
 from __future__ import annotations
 
-from aiohttp import web
+import re
 
 
 class APIError(Exception):
@@ -48,24 +49,19 @@ def engine_timeout(message: str) -> APIError:
     return APIError(504, message, type="timeout", code="engine_timeout")
 
 
-def error_response(err: APIError) -> web.Response:
-    return web.json_response(err.body(), status=err.status, headers=err.headers)
+def body_too_large(detail: str = "") -> APIError:
+    return APIError(413, f"request body too large{': ' + detail if detail else ''}", code="body_too_large")
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler):
-    """Turn APIError and aiohttp's own HTTP errors into the OpenAI envelope; never leak a traceback."""
-    try:
-        return await handler(request)
-    except APIError as err:
-        return error_response(err)
-    except web.HTTPRequestEntityTooLarge as exc:
-        return error_response(APIError(413, f"request body too large: {exc.text}", code="body_too_large"))
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        kind = "not_found" if exc.status == 404 else "invalid_request_error"
-        return error_response(APIError(exc.status, exc.reason or "error", type=kind))
-    except Exception:  # noqa: BLE001 - the last line of defence: log, answer 500, keep serving
-        request.app.logger.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(APIError(500, "internal error in the sidecar", type="server_error"))
+# A \uD800-\uDFFF escape without its pair: JSON allows it, UTF-8 (and so the tokenizer) does not.
+LONE_SURROGATE = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
+
+
+def invalid_json(raw: bytes, detail: str) -> APIError:
+    """The 400 for a body pydantic-core's JSON parser refused; an unpaired surrogate escape gets its
+    own words. (The regex only runs when a \\uD escape is there at all: a memchr-speed find first.)"""
+    if (b"\\ud" in raw or b"\\uD" in raw) and LONE_SURROGATE.search(raw):
+        return invalid_request("request body holds an unpaired surrogate escape (not valid Unicode)")
+    return invalid_request(f"request body is not valid JSON: {detail}")

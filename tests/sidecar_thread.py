@@ -14,7 +14,7 @@ class _SidecarServer:
     async def start(self, host: str, port: int) -> str:
         from aiohttp import web
 
-        from sidecar.app import create_app
+        from sidecar.server.app import create_app
 
         self.runner = web.AppRunner(create_app(self.settings, tokenizer=self.tokenizer), handler_cancellation=True)
         await self.runner.setup()

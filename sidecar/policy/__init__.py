@@ -1,16 +1,20 @@
 """Per-session policy: when may a session start, and how long should SGLang keep its KV.
 
-The HTTP layer talks to a policy only through :class:`SessionPolicy`; the policy never touches
-HTTP or SGLang. :func:`build_policy` picks the implementation from the settings.
+The turn core talks to a policy only through :class:`SessionPolicy`; the policy never touches
+HTTP or SGLang, and keeps no session table of its own: each session's :class:`SessionRecord`
+lives in the session store, which binds itself to the policy. :func:`build_policy` builds it
+from the settings.
 
-Contract for the HTTP layer / session registry (all times ``time.monotonic()``):
+Contract (all times ``time.monotonic()``):
+  store           ``bind(store)`` once; ``new_record(sid)`` for each session it opens;
+                  ``on_session_closed(record, reason)`` for each session it forgets
   per request     ``await admit(sid, prompt_tokens, is_new_session)``   (AdmissionRejected -> 429)
                   ``on_request(sid, prompt_tokens, now)``
-                  ``ttl = lease_ttl(sid, prompt_tokens, now)``  -> custom_params session_lease_ttl_s
+                  ``ttl = lease_ttl(sid, prompt_tokens, now)``  -> the lease the request asks SGLang for
                   ... engine turn ...
                   ``on_turn_end(TurnEnd(sid, prompt+output tokens, tool names, finished_at))``
                   ``release_admission(sid)``   (in finally, iff admit returned)
-  every ~1 s      ``for sid in sessions_to_close(now)``: /close_session, then ``on_session_closed(sid)``
+  every ~1 s      ``sessions_to_close(now)``: the store forgets those (releasing their leases)
 """
 
 from __future__ import annotations
@@ -19,19 +23,27 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from sidecar.policy.base import AdmissionRejected, EngineCapacity, TurnEnd
+from sidecar.engine.capacity import EngineCapacity
+from sidecar.policy.base import AdmissionRejected, TurnEnd
+from sidecar.policy.lifecycle import SessionRecord, SessionRecords
 
 __all__ = [
     "AdmissionRejected",
     "EngineCapacity",
-    "NullPolicy",
     "SessionPolicy",
+    "SessionRecord",
     "TurnEnd",
     "build_policy",
 ]
 
 
 class SessionPolicy(Protocol):
+    def bind(self, sessions: SessionRecords) -> None:
+        """The records the policy decides on (the session store's)."""
+
+    def new_record(self, session_id: str) -> SessionRecord:
+        """The record of a session the store opens."""
+
     async def admit(self, session_id: str, prompt_tokens: int, is_new_session: bool) -> None:
         """Wait until the request may go to the engine; raise AdmissionRejected if it may not queue."""
 
@@ -48,41 +60,13 @@ class SessionPolicy(Protocol):
         """A turn finished; the gap until the session's next request starts now."""
 
     def lease_expiry(self, session_id: str) -> float | None:
-        """When SGLang's lease on the session's KV ends (time.monotonic clock); None = no lease."""
+        """When the lease the sidecar asked for ends (time.monotonic clock); None = no lease."""
 
     def sessions_to_close(self, now: float) -> list[str]:
-        """Idle sessions to close in SGLang now; each is reported once. Call periodically."""
+        """Idle sessions to forget now. Call periodically."""
 
-    def on_session_closed(self, session_id: str) -> None:
-        """The session was forgotten (closed in SGLang)."""
-
-
-class NullPolicy:
-    """No leases, no admission gate: the sidecar is a transparent session-aware proxy."""
-
-    async def admit(self, session_id: str, prompt_tokens: int, is_new_session: bool) -> None:
-        return None
-
-    def release_admission(self, session_id: str) -> None:
-        return None
-
-    def on_request(self, session_id: str, context_tokens: int, now: float) -> None:
-        return None
-
-    def lease_ttl(self, session_id: str, context_tokens: int, now: float) -> float | None:
-        return None
-
-    def on_turn_end(self, turn: TurnEnd) -> None:
-        return None
-
-    def lease_expiry(self, session_id: str) -> float | None:
-        return None
-
-    def sessions_to_close(self, now: float) -> list[str]:
-        return []
-
-    def on_session_closed(self, session_id: str) -> None:
-        return None
+    def on_session_closed(self, record: SessionRecord, reason: str) -> None:
+        """The store forgot the session."""
 
 
 def build_policy(
@@ -92,10 +76,12 @@ def build_policy(
     registry=None,
     clock: Callable[[], float] = time.monotonic,
 ) -> SessionPolicy:
-    """The policy the settings ask for. ``settings`` is the whole SidecarSettings.
+    """The policy the settings ask for. ``settings`` is the whole SidecarSettings; the policy reads
+    its [policy] and [admission] sections, and from [server] the idle grace and how many closed
+    sessions to remember (max_sessions).
 
-    Always a LeasePolicy (mode=off still tracks sessions, closes idle ones and reports metrics);
-    ``registry`` is the prometheus CollectorRegistry the sidecar's /metrics serves.
+    Always a LeasePolicy (mode=off still closes idle sessions and reports metrics); ``registry``
+    is the prometheus CollectorRegistry the sidecar's /metrics serves.
     """
     from sidecar.policy.lease_policy import LeasePolicy
 

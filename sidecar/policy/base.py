@@ -1,4 +1,4 @@
-"""The values the HTTP layer and the policy exchange (re-exported by ``sidecar.policy``)."""
+"""The values the turn core and the policy exchange (re-exported by ``sidecar.policy``)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,6 @@ class AdmissionRejected(Exception):
     def __init__(self, retry_after_s: float):
         super().__init__(f"admission queue full; retry after {retry_after_s:.1f} s")
         self.retry_after_s = retry_after_s
-
-
-@dataclass(frozen=True)
-class EngineCapacity:
-    """What the engine told us about its KV pool (SGLang /server_info)."""
-
-    max_total_num_tokens: int
 
 
 @dataclass

@@ -1,8 +1,10 @@
-"""The sidecar's session policy: predictor + TTL rule + admission gate + session lifecycle.
+"""The sidecar's session policy: predictor + TTL rule + admission gate + when sessions close.
 
-Call order per request (see ``sidecar.policy.SessionPolicy``):
+It keeps no session table: each session's record lives in the session store, which binds itself
+(``bind``) and asks for a new session's record (``new_record``). Call order per request (see
+``sidecar.policy.SessionPolicy``):
     admit -> on_request -> lease_ttl -> (engine turn) -> on_turn_end -> release_admission
-and periodically sessions_to_close(now) -> /close_session -> on_session_closed.
+and periodically the store's close_due(now): sessions_to_close(now) -> forget -> on_session_closed.
 All times are the injectable clock's (time.monotonic by default), like TurnEnd.finished_at.
 
 What the admission gate counts (``AdmissionGate.fits``: sum <= headroom x KV pool). A session's
@@ -30,9 +32,10 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
+from sidecar.engine.capacity import EngineCapacity
 from sidecar.policy.admission import AdmissionGate, AdmissionTicket
-from sidecar.policy.base import EngineCapacity, TurnEnd
-from sidecar.policy.lifecycle import SessionState, SessionTable
+from sidecar.policy.base import TurnEnd
+from sidecar.policy.lifecycle import ClosedSessions, SessionRecord, SessionRecords
 from sidecar.policy.metrics import PolicyMetrics
 from sidecar.policy.predictor import ReturnTimePredictor, tool_keys
 from sidecar.policy.settings import AdmissionSettings, PolicySettings
@@ -59,7 +62,9 @@ class LeasePolicy:
         self.clock = clock
         self.predictor = ReturnTimePredictor(policy)
         self.ttl_rule = LeaseTtlRule(policy)
-        self.table = SessionTable(max_sessions, idle_grace_s)
+        self.idle_grace_s = idle_grace_s
+        self.closed = ClosedSessions(max_sessions)
+        self.sessions: SessionRecords | None = None  # the session store, once it binds itself
         self.metrics = PolicyMetrics(registry if registry is not None else CollectorRegistry())
         self.growth_tokens = float(admission.expected_growth_tokens)
         # learned over all sessions: seconds from a request to its reply's end, and from one
@@ -75,11 +80,28 @@ class LeasePolicy:
             clock=clock,
             metrics=self.metrics,
         )
+
+    def bind(self, sessions: SessionRecords) -> None:
+        """The records this policy decides on: the session store's (it calls this itself)."""
+        self.sessions = sessions
         self.metrics.bind_state(
             queue_length=lambda: self.gate.queue_length,
             resident=lambda: self._resident_summary(self.clock()),
-            sessions=lambda: len(self.table),
+            sessions=lambda: len(sessions),
         )
+
+    def new_record(self, session_id: str) -> SessionRecord:
+        """The record of a session the store is opening; a session closed earlier comes back with
+        its open gap (so the predictor learns the true gap)."""
+        now = self.clock()
+        reopened = self.closed.reopen(session_id, now, self.predictor.grid.horizon_s)
+        return reopened if reopened is not None else SessionRecord(session_id=session_id, last_active=now)
+
+    def _record(self, session_id: str) -> SessionRecord:
+        record = self.sessions.record(session_id)
+        if record is None:
+            raise KeyError(f"no session {session_id!r} in the store (open it there first)")
+        return record
 
     # ------------------------------------------------------------------ admission
     async def admit(self, session_id: str, prompt_tokens: int, is_new_session: bool) -> None:
@@ -105,24 +127,16 @@ class LeasePolicy:
 
     def release_admission(self, session_id: str) -> None:
         """The request admitted by ``admit`` is over (finished, failed or aborted)."""
-        state = self.table.get(session_id)
+        state = self.sessions.record(session_id)
         if state is not None:
-            state.in_flight = max(0, state.in_flight - 1)
+            state.running = max(0, state.running - 1)
             state.last_active = max(state.last_active, self.clock())
         self.gate.pump()
 
-    def _state(self, session_id: str, now: float) -> SessionState:
-        """The session's state; a session closed earlier comes back with its open gap."""
-        if self.table.get(session_id) is None:
-            reopened = self.table.reopen(session_id, now, self.predictor.grid.horizon_s)
-            return self.table.get_or_create(session_id, now, reopened)
-        return self.table.get_or_create(session_id, now)
-
     def _start_request(self, session_id: str, prompt_tokens: int) -> None:
         now = self.clock()
-        state = self._state(session_id, now)
-        state.in_flight += 1
-        state.closing = False
+        state = self._record(session_id)
+        state.running += 1
         state.last_active = now
         if state.turn_ended_at is None:  # (else on_request settles the gap with the old size first)
             state.context_tokens = max(state.context_tokens, prompt_tokens)
@@ -130,7 +144,7 @@ class LeasePolicy:
     # ------------------------------------------------------------------ turns
     def on_request(self, session_id: str, context_tokens: int, now: float) -> None:
         """A request arrived: closes the open gap (learns it) and scores the lease that covered it."""
-        state = self._state(session_id, now)
+        state = self._record(session_id)
         if state.turn_ended_at is not None:
             if state.request_started_at is not None:
                 self.cycle_s = _ewma(self.cycle_s, now - state.request_started_at)
@@ -146,7 +160,6 @@ class LeasePolicy:
         state.last_prompt_tokens = context_tokens
         state.context_tokens = context_tokens
         state.last_active = max(state.last_active, now)
-        state.closing = False
 
     def lease_ttl(self, session_id: str, context_tokens: int, now: float) -> float | None:
         """TTL to send with this request: how long SGLang keeps the KV after the turn (None = no lease).
@@ -154,7 +167,7 @@ class LeasePolicy:
         The reply's tool calls are not known yet, so the prediction mixes the tools replies at
         this context size tend to call, stretched by this session's speed factor.
         """
-        state = self._state(session_id, now)
+        state = self._record(session_id)
         dist = None
         if self.settings.mode == "predictive":
             dist = self.predictor.next_reply_distribution(state.gap_stats, context_tokens)
@@ -165,14 +178,14 @@ class LeasePolicy:
         return ttl
 
     def lease_expiry(self, session_id: str) -> float | None:
-        """When SGLang's lease on the session's KV ends (the policy's clock); None = no lease."""
-        state = self.table.get(session_id)
+        """When the lease the sidecar asked for ends (the policy's clock); None = no lease."""
+        state = self.sessions.record(session_id)
         return state.lease_expires_at if state is not None else None
 
     def on_turn_end(self, turn: TurnEnd) -> None:
         """The reply ended: the lease sent with the request starts, and so does the gap."""
         now = turn.finished_at
-        state = self._state(turn.session_id, now)
+        state = self._record(turn.session_id)
         state.context_tokens = turn.context_tokens
         if state.request_started_at is not None and state.turn_ended_at is None:
             self.service_s = _ewma(self.service_s, max(0.0, now - state.request_started_at))
@@ -192,7 +205,7 @@ class LeasePolicy:
         Only for a lease channel that can update a lease between requests; call it right after
         ``on_turn_end`` and send the result. None = leave the lease as it is.
         """
-        state = self.table.get(session_id)
+        state = self.sessions.record(session_id)
         if state is None or state.turn_ended_at is None or self.settings.mode != "predictive":
             return None
         dist = self.predictor.distribution(state.turn_tools, state.gap_stats)
@@ -206,31 +219,22 @@ class LeasePolicy:
 
     # ------------------------------------------------------------------ lifecycle
     def sessions_to_close(self, now: float) -> list[str]:
-        """Sessions to close in SGLang now (idle past lease + grace, or dropped from a full table).
+        """Sessions idle past their lease + the idle grace, to be forgotten now (the store does).
 
-        Each id is reported once; call ``on_session_closed`` after closing it. Also lets waiting
-        new sessions in as leases expire, so call it every second or so.
+        Also lets waiting new sessions in as leases expire, so call it every second or so.
         """
         self.gate.pump()
-        due: list[str] = []
-        for state in self.table.take_dropped():
-            self._forget(state, now, "table_full")
-            due.append(state.session_id)
-        for state in self.table.due_for_close(now):
-            state.closing = True
-            due.append(state.session_id)
-        return due
+        grace = self.idle_grace_s
+        return [r.session_id for r in self.sessions.records() if r.due_for_close(now, grace)]
 
-    def on_session_closed(self, session_id: str) -> None:
-        """The session was closed in SGLang / forgotten by the registry; unknown ids are ignored."""
-        state = self.table.pop(session_id)
-        if state is None:
-            return
-        self._forget(state, self.clock(), "idle")
+    def on_session_closed(self, record: SessionRecord, reason: str = "idle") -> None:
+        """The store forgot this session (``reason``: idle, capacity, client, failed): an open gap
+        is learned as censored ("not back") until the session comes back."""
+        self._forget(record, self.clock(), "table_full" if reason == "capacity" else "idle")
         self.gate.pump()
 
     # ------------------------------------------------------------------ internals
-    def _close_gap(self, state: SessionState, now: float) -> None:
+    def _close_gap(self, state: SessionRecord, now: float) -> None:
         gap = max(0.0, now - state.turn_ended_at)
         reopened = state.censored is not None
         if reopened:  # closed as "not back", but it was: learn the true gap instead
@@ -253,14 +257,14 @@ class LeasePolicy:
         # request be aborted, it runs on to its expiry; the turn's end replaces it
         state.predicted_gap_s = None
 
-    def _forget(self, state: SessionState, now: float, reason: str) -> None:
+    def _forget(self, state: SessionRecord, now: float, reason: str) -> None:
         if state.turn_ended_at is not None:
             if state.censored is None:
                 state.censored = self.predictor.observe_censored(state.turn_tools, state.context_tokens)
             if state.lease_expires_at is not None:
                 held = state.context_tokens * max(0.0, min(now, state.lease_expires_at) - state.turn_ended_at)
                 self.metrics.lease_outcome("unused", held)
-            self.table.remember_closed(state)
+            self.closed.remember(state)
         self.metrics.session_closed(reason)
 
     def _resident_summary(self, now: float) -> tuple[float, float, int]:
@@ -270,12 +274,12 @@ class LeasePolicy:
         ``idle_weight = duty_cycle`` an idle (leased) session's projection is scaled by
         ``_duty_cycle`` (running sessions always count in full).
         """
-        resident = self.table.resident(now)
+        resident = [s for s in self.sessions.records() if s.is_resident(now)]
         growth = self._projected_growth()
         tokens = projected = 0.0
         for s in resident:
             tokens += s.context_tokens
-            weight = 1.0 if s.in_flight > 0 else self._duty_cycle(s, now)
+            weight = 1.0 if s.running > 0 else self._duty_cycle(s, now)
             projected += weight * (s.context_tokens + growth)
         return tokens, projected, len(resident)
 
@@ -291,7 +295,7 @@ class LeasePolicy:
         """Tokens a session is expected to add before admission is reconsidered."""
         return self.growth_tokens * self._turns_ahead()
 
-    def _duty_cycle(self, state: SessionState, now: float) -> float:
+    def _duty_cycle(self, state: SessionRecord, now: float) -> float:
         """Share of the time from now to the end of an idle session's next turn that it runs:
         service / (service + remaining gap), the remaining gap being the predictor's median time
         to its return given how long it has been out (it grows for a session that is overdue).
@@ -315,7 +319,7 @@ class LeasePolicy:
             return 0.0
         # tokens only: the gate's duty-cycle projections (a predictor distribution per idle
         # session) are not needed for the pressure term, and this runs on every request
-        tokens = sum(s.context_tokens for s in self.table.resident(now))
+        tokens = sum(s.context_tokens for s in self.sessions.records() if s.is_resident(now))
         return min(tokens / capacity, 1.0)
 
 

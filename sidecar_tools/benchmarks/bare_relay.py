@@ -19,8 +19,8 @@ import uuid
 
 from aiohttp import web
 
-import sidecar.chat
-from sidecar import keys
+import sidecar.server.routes
+from sidecar.server import keys
 
 _CANNED_IDS = json.dumps([9] * 2500).encode()
 _FRAME = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
@@ -32,7 +32,8 @@ async def bare_relay(request: web.Request) -> web.StreamResponse:
     sid = json.dumps(request.headers.get("X-Session-Id", "bare")).encode()
     payload = (b'{"input_ids":' + _CANNED_IDS + b',"rid":"' + uuid.uuid4().hex.encode() + b'","session_id":' + sid
                + b',"stream":true,"sampling_params":{"max_new_tokens":64}}')
-    engine = request.app[keys.ENGINE]
+    (worker,) = request.app[keys.WORKERS]
+    engine = worker.client
     upstream = await engine._open("POST", "/generate", data=payload, headers=engine._json_headers)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     try:
@@ -49,7 +50,7 @@ async def bare_relay(request: web.Request) -> web.StreamResponse:
 
 
 def main() -> None:
-    sidecar.chat.chat_completions = bare_relay  # the route's handler calls it by module name
+    sidecar.server.routes.chat_completions = bare_relay  # the app factory registers the route by module name
     sys.argv[0] = "sidecar"
     from sidecar.cli import main as cli_main
 

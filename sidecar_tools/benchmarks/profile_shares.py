@@ -4,7 +4,9 @@
 
 Each busy sample (idle samples, waiting in the selector, are dropped) is put in the first group
 whose frames it contains, in the order below (so the tokenizer called from a render counts as
-tokenizer, not as render); prints a markdown table of the shares. Record the profile with
+tokenizer, not as render); prints a markdown table of the shares. Functions renamed since the
+committed profile was recorded are matched under both names (SessionRegistry.resolve is now
+SessionStore.resolve, remember_turn is Turn._record). Record the profile with
 ``python -m sidecar_tools.benchmarks.load_test ... --mode sidecar --sidecar-arg=--event-loop=asyncio --profile F``
 (asyncio, so the event loop's own frames are visible).
 """
@@ -27,10 +29,11 @@ GROUPS: list[tuple[str, Callable[[Stack], bool]]] = [
     ("tokenizer encode (new messages)", lambda s: _any(s, {"TokenCodec.encode"})),
     ("chat template render (Jinja)", lambda s: _any(s, {"ChatRenderer._render", "ChatRenderer._head"})),
     ("body parse + validation (pydantic)", lambda s: _any(s, {"parse_chat_request", "read_body", "BaseModel.model_validate_json"})),
-    ("session lookup + fingerprints", lambda s: _any(s, {"SessionRegistry.resolve", "fingerprints", "extend_fingerprint", "Message.to_template"})),
+    ("session lookup + fingerprints",
+     lambda s: _any(s, {"SessionStore.resolve", "SessionRegistry.resolve", "fingerprints", "extend_fingerprint", "Message.to_template"})),
     ("policy (gap learning, lease, admission, session lifecycle)",
      lambda s: _any(s, files={"lease_policy.py", "predictor.py", "admission.py", "lifecycle.py", "distribution.py"})),
-    ("remember the turn", lambda s: _any(s, {"remember_turn"})),
+    ("remember the turn", lambda s: _any(s, {"Turn._record", "remember_turn"})),
     ("engine request (aiohttp client send)", lambda s: _any(s, {"EngineClient._open"})),
     ("relay: SSE frames + writes to the agent", lambda s: _any(s, {"stream_reply.<locals>.send"})),
     ("relay: read + parse SGLang chunks, detokenize, tool calls", lambda s: _any(s, {"Generation.events", "EngineClient.generate_stream"})),

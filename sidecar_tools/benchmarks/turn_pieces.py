@@ -67,11 +67,12 @@ def measure(tokenizer_dir: str, number: int, repeat: int) -> dict[str, Any]:
     from transformers import AutoTokenizer
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
-    from sidecar.chat_template import ChatRenderer
+    from sidecar.conversation.chat_template import ChatRenderer
+    from sidecar.conversation.fingerprint import fingerprints
+    from sidecar.errors import LONE_SURROGATE
     from sidecar.id_text import IdText
-    from sidecar.request_checks import _LONE_SURROGATE, parse_chat_request
-    from sidecar.schema import ChatCompletionRequest, ChunkFrames
-    from sidecar.sessions import fingerprints
+    from sidecar.openai.schema import ChatCompletionRequest, parse_chat_request
+    from sidecar.openai.shapes import ChunkFrames
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     renderer = ChatRenderer(tok)
@@ -148,12 +149,13 @@ def measure(tokenizer_dir: str, number: int, repeat: int) -> dict[str, Any]:
 
     # the lone-surrogate check on a body holding a \uD escape (60 KB)
     big = b'{"messages": [{"role": "user", "content": "' + b"x" * 60_000 + b'\\ud83d\\ude00"}]}'
-    piece("lone_surrogate_regex_60kb_us", lambda: _LONE_SURROGATE.search(big), max(1, number // 4))
+    piece("lone_surrogate_regex_60kb_us", lambda: LONE_SURROGATE.search(big), max(1, number // 4))
     return out
 
 
 def _policy_per_request(number: int, repeat: int) -> dict[str, float]:
-    """on_request + lease_ttl for 500 sessions taking turns, each after its reply ended."""
+    """on_request + lease_ttl for 500 sessions (in a session store) taking turns, each after its reply ended."""
+    from sidecar.conversation.store import SessionStore
     from sidecar.policy import EngineCapacity, TurnEnd, build_policy
     from sidecar.settings import SidecarSettings
 
@@ -162,6 +164,9 @@ def _policy_per_request(number: int, repeat: int) -> dict[str, float]:
         settings = SidecarSettings.model_validate({"policy": {"mode": mode}})
         clock = [1000.0]
         policy = build_policy(settings, EngineCapacity(max_total_num_tokens=10_000_000), clock=lambda: clock[0])
+        store = SessionStore(policy)
+        for i in range(500):
+            store.open(f"s{i}")
         per_repeat = []
         for _ in range(repeat + 1):  # the first pass warms up (every session gets a history)
             spent = 0.0
@@ -179,9 +184,9 @@ def _policy_per_request(number: int, repeat: int) -> dict[str, float]:
 
 
 def _relay(renderer, reply_ids: list[int], frames) -> Callable[[], Any]:
-    from sidecar.engine_client import _event
-    from sidecar.relay import Generation
-    from sidecar.tool_parsers import get_tool_parser
+    from sidecar.engine.client import _event
+    from sidecar.generation.relay import Generation
+    from sidecar.generation.tool_parsers import get_tool_parser
 
     lines = []
     for n in range(1, len(reply_ids) + 1):

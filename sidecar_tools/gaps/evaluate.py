@@ -2,7 +2,7 @@
 
 Replay: events in time order - a turn ends at ``t`` (lease_ttl, on_turn_end, revised_lease_ttl),
 the session returns at ``t + gap`` (on_request: the predictor learns the gap); every simulated
-second the lifecycle runs (sessions_to_close -> on_session_closed: a session that stayed away past
+second the lifecycle runs (the session store's close_due: a session that stayed away past
 its lease + idle grace is learned as censored, and re-learned if it comes back later). So the
 predictor only knows what a live sidecar would have known at each decision.
 
@@ -24,9 +24,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sidecar.policy.base import EngineCapacity, TurnEnd
-from sidecar_tools.gaps.gap_trace import GapRecord
+from sidecar.conversation.store import SessionStore
+from sidecar.engine.capacity import EngineCapacity
+from sidecar.policy.base import TurnEnd
 from sidecar.policy.lease_policy import LeasePolicy
+from sidecar_tools.gaps.gap_trace import GapRecord
 from sidecar.policy.predictor import tool_keys
 from sidecar.policy.ttl import LeaseTtlRule
 
@@ -91,6 +93,7 @@ def replay_predictive(records: list[GapRecord], settings) -> list[ReplayedGap]:
         idle_grace_s=settings.server.session_idle_grace,
         clock=clock,
     )
+    sessions = SessionStore(policy, max(settings.server.max_sessions, 1))
     events: list[tuple[float, int, int]] = [(r.t, _TURN, i) for i, r in enumerate(records)]
     heapq.heapify(events)
     results: list[ReplayedGap | None] = [None] * len(records)
@@ -98,8 +101,7 @@ def replay_predictive(records: list[GapRecord], settings) -> list[ReplayedGap]:
     last_lifecycle = -math.inf
 
     def run_lifecycle(now: float) -> None:
-        for sid in policy.sessions_to_close(now):
-            policy.on_session_closed(sid)
+        sessions.close_due(now)
 
     while events:
         now, kind, i = heapq.heappop(events)
@@ -108,13 +110,14 @@ def replay_predictive(records: list[GapRecord], settings) -> list[ReplayedGap]:
             run_lifecycle(now)
             last_lifecycle = now
         r = records[i]
+        sessions.open(r.session_id)  # the session a request or reply belongs to (back, if it was closed)
         if kind == _TURN:
             if r.session_id not in requested:
                 policy.on_request(r.session_id, r.context_tokens, now)
             requested.discard(r.session_id)
             ttl_req = policy.lease_ttl(r.session_id, r.context_tokens, now)
             policy.on_turn_end(TurnEnd(r.session_id, r.context_tokens, list(r.tool_names), now))
-            predicted = policy.table.get(r.session_id).predicted_gap_s
+            predicted = sessions.record(r.session_id).predicted_gap_s
             ttl_after = policy.revised_lease_ttl(r.session_id, now)
             results[i] = ReplayedGap(r, ttl_req or 0.0, ttl_after or 0.0, predicted)
             if r.gap_s is not None:

@@ -7,12 +7,13 @@ and the same run JSON / per-turn CSV (``summarize`` / ``save_run``), so ``sideca
 reads simulated and GPU runs alike. Nothing sleeps: client events and engine steps are ordered
 on one virtual clock.
 
-With a sidecar policy (``SidecarLoop``) the product's own ``sidecar.policy`` object sits in
-front of the engine exactly as in ``sidecar/chat.py``: admission of new sessions (the policy's
-synchronous ``offer_admission`` on the real ``AdmissionGate``, pumped in virtual time by the
-policy's own calls and the gate's poll interval), ``on_request``/``lease_ttl`` (the TTL
-travels to the plugin as ``custom_params.session_lease_ttl_s``), ``on_turn_end``,
-``release_admission`` and the once-a-second ``sessions_to_close`` pass.
+With a sidecar policy (``SidecarLoop``) the product's own ``sidecar.policy`` object, on the
+product's session store, sits in front of the engine exactly as in ``sidecar/turn/core.py``:
+admission of new sessions (the policy's synchronous ``offer_admission`` on the real
+``AdmissionGate``, pumped in virtual time by the policy's own calls and the gate's poll interval),
+``on_request``/``lease_ttl`` (the TTL travels to the plugin as
+``custom_params.session_lease_ttl_s``), ``on_turn_end``, ``release_admission`` and the
+once-a-second ``close_due`` pass of the store.
 """
 
 from __future__ import annotations
@@ -37,15 +38,17 @@ from sglang_ext.wire import lease_params
 
 
 class SidecarLoop:
-    """``sidecar.policy.build_policy`` driven by virtual time (what ``sidecar/chat.py`` calls)."""
+    """``sidecar.policy.build_policy`` on a session store, driven by virtual time (what
+    ``sidecar/turn/core.py`` calls)."""
 
     def __init__(self, settings: Any, kv_tokens: int, clock: Callable[[], float]):
+        from sidecar.conversation.store import SessionStore
         from sidecar.policy import EngineCapacity, build_policy
 
         self.settings = settings
         self.policy = build_policy(settings, EngineCapacity(max_total_num_tokens=kv_tokens), clock=clock)
+        self.sessions = SessionStore(self.policy, settings.server.max_sessions)
         self.clock = clock
-        self.inflight: dict[str, int] = {}
         self.rejected = 0
 
     @property
@@ -57,6 +60,7 @@ class SidecarLoop:
         session through; False when the queue is full (the sidecar answers 429)."""
         from sidecar.policy import AdmissionRejected
 
+        self.sessions.open(session_id)
         try:
             self.policy.offer_admission(session_id, prompt_tokens, is_new_session, on_grant=proceed)
         except AdmissionRejected:
@@ -73,7 +77,7 @@ class SidecarLoop:
     def start_turn(self, session_id: str, prompt_tokens: int) -> float | None:
         """on_request + lease_ttl; the TTL to send (None = no lease)."""
         now = self.clock()
-        self.inflight[session_id] = self.inflight.get(session_id, 0) + 1
+        self.sessions.get(session_id).inflight += 1
         self.policy.on_request(session_id, prompt_tokens, now)
         return self.policy.lease_ttl(session_id, prompt_tokens, now)
 
@@ -82,22 +86,18 @@ class SidecarLoop:
 
         if ok:
             self.policy.on_turn_end(TurnEnd(session_id, context_tokens, tool_names, self.clock()))
-        self.inflight[session_id] -= 1
+        self.sessions.get(session_id).inflight -= 1
         self.policy.release_admission(session_id)
 
     def due_closes(self) -> list[str]:
-        """app.close_due_sessions: sessions the policy closes now (not those in flight)."""
-        out = []
-        for sid in self.policy.sessions_to_close(self.clock()):
-            if self.inflight.get(sid):
-                continue
-            self.policy.on_session_closed(sid)
-            out.append(sid)
-        return out
+        """The store's close_due: sessions the policy closes now (not those in flight)."""
+        return self.sessions.close_due(self.clock())
 
     def client_close(self, session_id: str) -> None:
         """DELETE /v1/sessions/{id} or /close_session to the sidecar."""
-        self.policy.on_session_closed(session_id)
+        session = self.sessions.get(session_id)
+        if session is not None:
+            self.sessions.forget(session, "client")
 
 
 # --------------------------------------------------------------------------------------------

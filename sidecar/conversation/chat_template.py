@@ -1,0 +1,160 @@
+"""Messages to token ids through the model's own chat template, without ever re-rendering history.
+
+A first turn (or a new branch) is rendered whole. A next turn is rendered as a *suffix*: the text the
+template would put after the previous assistant reply, up to the new generation prompt. The suffix
+is found by rendering an anchor conversation whose assistant content is a unique marker, followed by
+the new messages, and cutting after the marker. Templates that rewrite past assistant turns (Qwen3
+strips ``<think>`` blocks from them) therefore never touch ids the engine already holds.
+
+A whole render reuses the ids of its leading system block (system prompt + tools, typically shared
+by every session of an agent) from a small cache, when that block is a verbatim prefix of the render
+ending at a clean tokenizer cut (see :meth:`TokenCodec.splits_at`).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections import OrderedDict
+from typing import Any
+
+from sidecar.conversation.tokens import TokenCodec
+from sidecar.errors import APIError, invalid_request
+
+_MARKER = "\u2063sidecar-reply-end\u2063"
+_ANCHOR_USER = {"role": "user", "content": "."}
+
+
+class HeadCache:
+    """Bounded LRU: rendered system block text -> its exact ids (only blocks verified to cut cleanly)."""
+
+    def __init__(self, max_entries: int = 64, max_chars: int = 4_000_000):
+        self.max_entries, self.max_chars = max_entries, max_chars
+        self._entries: "OrderedDict[str, list[int] | None]" = OrderedDict()  # None: known not to cut cleanly
+        self._chars = 0
+
+    def get(self, text: str) -> tuple[bool, list[int] | None]:
+        """(known, ids); ids None for a block known not to cut cleanly."""
+        if text not in self._entries:
+            return False, None
+        self._entries.move_to_end(text)
+        return True, self._entries[text]
+
+    def put(self, text: str, ids: list[int] | None) -> None:
+        if len(text) > self.max_chars:
+            return
+        if text not in self._entries:
+            self._chars += len(text)
+        self._entries[text] = ids
+        while len(self._entries) > self.max_entries or self._chars > self.max_chars:
+            old, _ = self._entries.popitem(last=False)
+            self._chars -= len(old)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class ChatRenderer:
+    def __init__(self, tokenizer):
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("the tokenizer has no chat template")
+        self.tokenizer = tokenizer
+        self.codec = TokenCodec(tokenizer)
+        self.eos_ids = self._eos_ids()
+        self.heads = HeadCache()
+
+    def _eos_ids(self) -> list[int]:
+        ids = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        for tok in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>"):
+            tid = self.tokenizer.convert_tokens_to_ids(tok)
+            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id and tid is not None:
+                ids.add(tid)
+        return sorted(ids)
+
+    def _render(self, messages: list[dict], tools, kwargs, add_generation_prompt: bool) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **(kwargs or {}),
+            )
+        except Exception as exc:  # jinja raises its own errors for messages the template refuses
+            raise invalid_request(f"the chat template cannot render these messages: {exc}") from None
+
+    def check_template_kwargs(self, kwargs: dict[str, Any] | None) -> None:
+        """chat_template_kwargs are template variables (enable_thinking, ...); they may not swap the
+        template itself, whose Jinja loops would run on the event loop and stall every session."""
+        reserved = sorted(set(kwargs or ()) & _template_call_params(type(self.tokenizer)))
+        if reserved:
+            raise invalid_request(f"chat_template_kwargs may not set {', '.join(reserved)}", param="chat_template_kwargs")
+
+    def encode(self, text: str) -> list[int]:
+        return self.codec.encode(text)
+
+    def render_full(self, messages: list[dict], tools=None, kwargs=None) -> list[int]:
+        """Ids of a whole conversation plus the generation prompt (first turn or new branch)."""
+        text = self._render(messages, tools, kwargs, add_generation_prompt=True)
+        head = self._head(messages, tools, kwargs, text)
+        if head is None:
+            return self.encode(text)
+        head_text, head_ids = head
+        return head_ids + self.encode(text[len(head_text) :])
+
+    def _head(self, messages: list[dict], tools, kwargs, text: str) -> tuple[str, list[int]] | None:
+        """The leading system block of ``text`` and its ids, if it is cached (or cacheable) and
+        ``text`` can be cut right after it without changing a single id."""
+        n = 0
+        while n < len(messages) and messages[n].get("role") == "system":
+            n += 1
+        if n == 0 or n == len(messages):
+            return None
+        try:
+            head_text = self._render(messages[:n], tools, kwargs, add_generation_prompt=False)
+        except APIError:  # a template may refuse a conversation without a user turn
+            return None
+        if not isinstance(head_text, str) or not text.startswith(head_text) or not self.codec.splits_at(text, len(head_text)):
+            return None
+        known, ids = self.heads.get(head_text)
+        if not known:
+            ids = self._verified_head_ids(head_text, text)
+            self.heads.put(head_text, ids)
+        return (head_text, ids) if ids is not None else None
+
+    def _verified_head_ids(self, head_text: str, text: str) -> list[int] | None:
+        """The block's ids, once checked against encoding the whole text (paid once per block)."""
+        head_ids = self.encode(head_text)
+        whole = self.encode(text)
+        if whole[: len(head_ids)] != head_ids or whole[len(head_ids) :] != self.encode(text[len(head_text) :]):
+            return None
+        return head_ids
+
+    def render_suffix(
+        self, new_messages: list[dict], previous_end_id: int | None, tools=None, kwargs=None
+    ) -> list[int]:
+        """Ids that follow a previous reply: its turn closing, the new messages, the generation prompt.
+
+        ``previous_end_id`` is the stop token the previous reply ended with (already in the engine's
+        ids); its text is not sent again. A reply cut by length gets the template's full closing.
+        """
+        anchor = [_ANCHOR_USER, {"role": "assistant", "content": _MARKER}]
+        text = self._render(anchor + new_messages, tools, kwargs, add_generation_prompt=True)
+        cut = text.rfind(_MARKER)
+        if cut < 0:
+            raise invalid_request("the chat template does not render assistant content verbatim")
+        suffix = text[cut + len(_MARKER) :]
+        if previous_end_id is not None:
+            end_text = self.codec.decode([previous_end_id], skip_special_tokens=False)
+            if end_text and suffix.startswith(end_text):
+                suffix = suffix[len(end_text) :]
+        return self.encode(suffix)
+
+
+@functools.cache
+def _template_call_params(tokenizer_type: type) -> frozenset[str]:
+    """apply_chat_template's own parameters (chat_template, tokenize, ...): never template variables."""
+    params = inspect.signature(tokenizer_type.apply_chat_template).parameters.values()
+    return frozenset(p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)) - {"self"}

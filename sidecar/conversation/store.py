@@ -1,0 +1,244 @@
+"""The one session store: who is this request, and which exact token ids does the engine already
+hold for its history?
+
+A session is a small tree of *turn states*. Each state is keyed by a fingerprint of the messages
+through the reply the sidecar produced, and stores the exact ids the engine saw (prompt + output).
+A request continues the state whose fingerprint equals its longest message prefix ending in an
+assistant message; anything else starts a new branch that is rendered whole. An explicit session id
+(header ``X-Session-Id``, body ``session_id`` or ``user``) wins; otherwise the fingerprint index
+finds the session implicitly.
+
+Each session also holds the policy's record of it (gap statistics, lease, activity: see
+``sidecar.policy.lifecycle``) and the worker it lives on. The store is bounded (least recently used
+first) and has one way out, :meth:`SessionStore.forget`: the session leaves the store and its
+index, the policy learns what its open gap means, its lease is released on its worker, and the
+metric is counted.
+
+With auth on, every session belongs to a *scope* (one per API key). A client's id is stored and
+sent to SGLang as ``"<scope>:<id>"`` (see :func:`scoped_id`), and implicit recognition only looks
+at turns of the same scope, so one key can never continue, list or close another key's session.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from sidecar.conversation.fingerprint import fingerprints
+from sidecar.engine.worker import Worker
+from sidecar.errors import invalid_request
+from sidecar.id_text import IdText
+from sidecar.metrics import SidecarMetrics
+from sidecar.policy.lifecycle import SessionRecord
+
+MAX_TURN_STATES_PER_SESSION = 16  # enough for retries and edits of recent turns
+SESSION_ID_RE = re.compile(r"^[A-Za-z0-9._:@\-]{1,128}$")
+
+
+def check_session_id(session_id: str) -> str:
+    """A client's session id, if it is 1-128 characters of ``A-Z a-z 0-9 . _ : @ -`` (else 400)."""
+    if not SESSION_ID_RE.match(session_id):
+        raise invalid_request("session id must be 1-128 characters of A-Z a-z 0-9 . _ : @ -", param="session_id")
+    return session_id
+
+
+def scoped_id(scope: str, client_id: str) -> str:
+    """The store's (and SGLang's) id of a client's session id within a scope ("" = no auth)."""
+    return f"{scope}:{client_id}" if scope else client_id
+
+
+@dataclass
+class TurnState:
+    """The engine-side truth after one turn: exactly the ids it holds for this history."""
+
+    fingerprint: bytes
+    n_messages: int  # messages covered, the reply included
+    token_ids: IdText  # prompt ids + generated ids
+    end_id: int | None  # stop token that ended the reply (None: cut by length or stop string)
+
+
+@dataclass(eq=False)
+class Session:
+    id: str  # scoped: what the store, the policy and SGLang see
+    explicit: bool
+    record: SessionRecord  # the policy's: activity, context tokens, open gap, requested lease
+    scope: str = ""
+    created_at: float = field(default_factory=time.monotonic)
+    turns: "OrderedDict[bytes, TurnState]" = field(default_factory=OrderedDict)
+    inflight: int = 0  # requests the sidecar is handling (waiting for admission or running)
+    turn_count: int = 0
+    worker: Worker | None = None  # the worker its requests went to (None: none went yet)
+
+    @property
+    def public_id(self) -> str:
+        """The id as its client knows it (the scope prefix removed)."""
+        return self.id[len(self.scope) + 1 :] if self.scope else self.id
+
+    def state(self, now: float) -> str:
+        if self.inflight:
+            return "generating"
+        lease_until = self.record.lease_expires_at
+        if lease_until is not None and lease_until > now:
+            return "leased"
+        return "idle"
+
+    def describe(self, now: float) -> dict[str, Any]:
+        """The /v1/sessions entry. The lease shown is the one the sidecar *requested* (the TTL sent
+        with the last turn); SGLang's plugin holds the real one and may release it early under
+        KV pressure or after an engine restart."""
+        lease_until = self.record.lease_expires_at
+        return {
+            "id": self.public_id,
+            "explicit": self.explicit,
+            "state": self.state(now),
+            "tokens": self.record.context_tokens,
+            "turns": self.turn_count,
+            "branches": len(self.turns),
+            "idle_s": round(now - self.record.last_active, 3),
+            "lease_remaining_s": round(max(0.0, lease_until - now), 3) if lease_until else None,
+            "lease_source": "requested",
+            **({"scope": self.scope} if self.scope else {}),  # with auth: which key's (a hash, never the key)
+        }
+
+
+@dataclass
+class Resolution:
+    """Outcome of matching a request to a session: continue ``base``, or render the whole history."""
+
+    session: Session
+    base: TurnState | None
+    new_messages_from: int  # index of the first message not covered by base
+    is_new_session: bool
+    fingerprint: bytes  # of the request's messages (the reply extends it; saves hashing them twice)
+
+
+class SessionStore:
+    """One owner for sessions, their turn states and the policy's record of each.
+
+    ``policy`` makes each new session's record and is told when a session is forgotten; the store
+    binds itself to it as the records it reads (``policy.bind``). ``metrics`` counts forgotten
+    sessions by reason (idle, capacity, client, failed).
+    """
+
+    def __init__(self, policy, max_sessions: int = 10_000, metrics: SidecarMetrics | None = None):
+        self.max_sessions = max_sessions
+        self.policy = policy
+        self._metrics = metrics
+        self._sessions: "OrderedDict[str, Session]" = OrderedDict()
+        self._index: dict[tuple[str, bytes], str] = {}  # (scope, turn fingerprint) -> session id
+        policy.bind(self)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def get(self, session_id: str) -> Session | None:
+        return self._sessions.get(session_id)
+
+    def all(self, scope: str | None = None) -> list[Session]:
+        """Every session, or only those of ``scope``."""
+        return [s for s in self._sessions.values() if scope is None or s.scope == scope]
+
+    # the policy reads its records through these two
+    def record(self, session_id: str) -> SessionRecord | None:
+        session = self._sessions.get(session_id)
+        return session.record if session is not None else None
+
+    def records(self) -> Iterator[SessionRecord]:
+        return (s.record for s in self._sessions.values())
+
+    def open(self, session_id: str, scope: str = "", *, explicit: bool = True) -> tuple[Session, bool]:
+        """The session of a client's id (scoped), created if it is new; (session, is new). Marks it
+        most recently used."""
+        sid = scoped_id(scope, session_id)
+        session = self._sessions.get(sid)
+        is_new = session is None
+        if session is None:
+            session = self._add(Session(id=sid, explicit=explicit, record=self.policy.new_record(sid), scope=scope))
+        self._sessions.move_to_end(sid)
+        return session, is_new
+
+    def resolve(self, messages: list[dict[str, Any]], explicit_id: str | None, scope: str = "") -> Resolution:
+        prints = fingerprints(messages)
+        if explicit_id is not None:
+            session, is_new = self.open(explicit_id, scope)
+            base = self._longest_match(messages, prints, lambda fp: session.turns.get(fp))
+        else:
+            found: list[Session] = []
+
+            def lookup(fp: bytes) -> TurnState | None:
+                sid = self._index.get((scope, fp))
+                owner = self._sessions.get(sid) if sid else None
+                state = owner.turns.get(fp) if owner else None
+                if state is not None:
+                    found.append(owner)
+                return state
+
+            base = self._longest_match(messages, prints, lookup)
+            is_new = base is None
+            if base is not None:
+                session = found[-1]
+                self._sessions.move_to_end(session.id)
+            else:
+                session, _ = self.open(f"sess-{uuid.uuid4().hex}", scope, explicit=False)
+        return Resolution(session, base, base.n_messages if base else 0, is_new, prints[-1] if prints else b"")
+
+    @staticmethod
+    def _longest_match(messages, prints, lookup) -> TurnState | None:
+        for i in range(len(messages) - 1, -1, -1):
+            if messages[i].get("role") != "assistant":
+                continue
+            state = lookup(prints[i])
+            if state is not None and state.n_messages == i + 1:
+                return state
+        return None
+
+    def record_turn(self, session: Session, state: TurnState) -> None:
+        """Remember the ids of a finished turn so the next request can continue it."""
+        session.turns[state.fingerprint] = state
+        session.turns.move_to_end(state.fingerprint)
+        while len(session.turns) > MAX_TURN_STATES_PER_SESSION:
+            old_fp, _ = session.turns.popitem(last=False)
+            if self._index.get((session.scope, old_fp)) == session.id:
+                del self._index[(session.scope, old_fp)]
+        self._index[(session.scope, state.fingerprint)] = session.id
+        session.turn_count += 1
+
+    def forget(self, session: Session, reason: str) -> None:
+        """The one way out: drop the session and its index entries, tell the policy, release its
+        lease on its worker, count it (``reason``: idle, capacity, client, failed)."""
+        if self._sessions.get(session.id) is not session:
+            return
+        del self._sessions[session.id]
+        for fp in session.turns:
+            if self._index.get((session.scope, fp)) == session.id:
+                del self._index[(session.scope, fp)]
+        self.policy.on_session_closed(session.record, reason)
+        if session.worker is not None:
+            session.worker.release(session.id)
+        if self._metrics is not None:
+            self._metrics.sessions_closed.labels(reason=reason).inc()
+
+    def close_due(self, now: float) -> list[str]:
+        """Forget the sessions the policy says are done (idle past their lease + grace) and that no
+        request is using; returns their ids. Call it about every second."""
+        closed = []
+        for sid in self.policy.sessions_to_close(now):
+            session = self._sessions.get(sid)
+            if session is not None and not session.inflight:
+                self.forget(session, "idle")
+                closed.append(sid)
+        return closed
+
+    def _add(self, session: Session) -> Session:
+        self._sessions[session.id] = session
+        while len(self._sessions) > self.max_sessions:
+            victim = next((s for s in self._sessions.values() if not s.inflight and s is not session), None)
+            if victim is None:
+                break
+            self.forget(victim, "capacity")
+        return session

@@ -1,0 +1,69 @@
+"""The ``/generate`` request of one turn, in SGLang's words: token ids, session, sampling, lease.
+
+A turn's sampling options arrive in the sidecar's own words (:class:`Sampling`, whatever front
+door parsed them) and leave under SGLang's names. The lease the sidecar asks for rides in
+``sampling_params.custom_params`` under the plugin's key; :mod:`sglang_ext.wire` spells it, and
+this is the one sidecar module that imports it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sglang_ext.wire import lease_params
+
+from sidecar.id_text import IdText
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What a turn asks of the sampler (None: SGLang's default)."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    seed: int | None = None
+    stop_token_ids: list[int] | None = None
+
+
+def sampling_params(sampling: Sampling, default_max_tokens: int, eos_ids: list[int], lease_ttl: float | None) -> dict[str, Any]:
+    s = sampling
+    params: dict[str, Any] = {"max_new_tokens": s.max_tokens or default_max_tokens}
+    optional = {
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "min_p": s.min_p,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "repetition_penalty": s.repetition_penalty,
+        "min_new_tokens": s.min_tokens,
+        "ignore_eos": s.ignore_eos,
+        "sampling_seed": s.seed,
+    }
+    params.update({k: v for k, v in optional.items() if v is not None})
+    stop_ids = eos_ids + list(s.stop_token_ids or [])
+    if stop_ids and not s.ignore_eos:
+        params["stop_token_ids"] = stop_ids
+    if lease_ttl is not None:
+        params["custom_params"] = lease_params(lease_ttl)
+    return params
+
+
+def generate_request(input_ids: IdText, session_id: str, sampling_params: dict[str, Any]) -> dict[str, Any]:
+    """The /generate body (the engine client adds ``stream``); a fresh ``rid`` names it for aborts."""
+    return {
+        "rid": f"sidecar-{uuid.uuid4().hex}",
+        "input_ids": input_ids,
+        "session_id": session_id,
+        "sampling_params": sampling_params,
+    }

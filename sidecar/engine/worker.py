@@ -1,0 +1,49 @@
+"""The worker seam: the SGLang servers behind the sidecar, and which one a session lives on.
+
+A session's KV is on the worker its requests went to, so a session stays on that worker
+(``Session.worker``); capacity, and so admission, is per worker. Today there is one worker;
+:meth:`Workers.place` is where a choice among several (or smg's routing key) would go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from sidecar.engine.capacity import EngineCapacity
+from sidecar.engine.client import EngineClient
+
+
+@dataclass(eq=False)
+class Worker:
+    """One SGLang server: the client that reaches it and what it said it can hold."""
+
+    client: EngineClient
+    capacity: EngineCapacity
+
+    def release(self, session_id: str) -> None:
+        """End the session's lease on this worker, in the background (best effort: the plugin's
+        lease table is the truth, and a lease the sidecar cannot release still expires)."""
+        asyncio.ensure_future(self.client.close_session(session_id))
+
+
+class Workers:
+    def __init__(self, workers: Sequence[Worker]):
+        if not workers:
+            raise ValueError("at least one worker is needed")
+        self._workers = list(workers)
+
+    def __iter__(self) -> Iterator[Worker]:
+        return iter(self._workers)
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def place(self, session_id: str) -> Worker:
+        """The worker a new session starts on (its requests stay there afterwards)."""
+        return self._workers[0]
+
+    async def healthy(self) -> bool:
+        """Every worker answers its /health."""
+        return all(await asyncio.gather(*(w.client.healthy() for w in self._workers)))

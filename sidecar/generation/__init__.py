@@ -1,0 +1,1 @@
+"""One generation: the engine's output ids in, text and tool calls out (detokenizer, stop strings, tool parsers)."""

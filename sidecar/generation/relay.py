@@ -1,0 +1,154 @@
+"""One generation: SGLang's cumulative output ids in, text and tool-call events out.
+
+The relay detokenizes incrementally, applies stop strings (SGLang runs without a tokenizer, so
+they are ours to enforce), and feeds the text through the tool-call parser. When it is done it
+knows the exact ids the engine produced, which the session store records for the next turn.
+
+It is also the one place that decides to abort the engine request: whenever reading stops while
+SGLang may still be generating (a stop string matched, the agent went away, the engine timed
+out), nobody will read the rest, so the request is aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from sidecar.engine.client import EngineClient
+from sidecar.errors import APIError, engine_error
+from sidecar.generation.detokenize import IncrementalDetokenizer, StopMatcher
+from sidecar.generation.tool_parsers import ContentDelta, Event, ToolCall, ToolCallArgumentsDelta, ToolCallStart
+
+
+@dataclass
+class GenerationResult:
+    """What one generation produced; :meth:`add` folds its events in as they pass."""
+
+    output_ids: list[int] = field(default_factory=list)
+    end_id: int | None = None  # stop token that ended the reply, if any
+    finish_reason: str = "stop"  # stop | length | tool_calls
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    first_token_at: float | None = None
+
+    def add(self, event: Event) -> Event:
+        if isinstance(event, ContentDelta):
+            self.content += event.text
+        elif isinstance(event, ToolCallStart):
+            self.tool_calls.append(ToolCall(event.id, event.name))
+        elif isinstance(event, ToolCallArgumentsDelta):
+            call = self.tool_calls[event.index]
+            self.tool_calls[event.index] = ToolCall(call.id, call.name, call.arguments + event.arguments)
+        return event
+
+
+class Generation:
+    """Run one /generate stream and translate it; iterate :meth:`events`, read :attr:`result`,
+    and :meth:`close` it when the turn is over, however it ended."""
+
+    def __init__(
+        self,
+        engine: EngineClient,
+        payload: dict[str, Any],
+        tokenizer,
+        parser,
+        stop: list[str] | None,
+        forced_text: str | None = None,
+    ):
+        self.engine = engine
+        self.payload = payload
+        self.rid = payload["rid"]
+        self.detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=True)
+        self.stop = StopMatcher(stop) if stop else None
+        self.parser = parser
+        self.forced_text = forced_text
+        self.result = GenerationResult(prompt_tokens=len(payload["input_ids"]))
+        self.finished = False
+        self._engine_busy = False  # the request went to SGLang, which has not ended it
+
+    async def events(self) -> AsyncIterator[Event]:
+        result = self.result
+        if self.forced_text:
+            for event in self.parser.feed(self.forced_text):
+                yield result.add(event)
+        stopped_by_string = False
+        self._engine_busy = True
+        try:
+            async for chunk in self.engine.generate_stream(self.payload):
+                ids = chunk.get("output_ids") or []
+                meta = chunk.get("meta_info") or {}
+                if ids and result.first_token_at is None:
+                    result.first_token_at = time.monotonic()
+                result.output_ids = ids  # a fresh list per chunk (cumulative); the detokenizer keeps its own
+                self._read_usage(meta)
+                text = self.detok.update(ids)
+                finish = meta.get("finish_reason")
+                if self.stop is not None and text:
+                    text, stopped_by_string = self.stop.feed(text)
+                for event in self.parser.feed(text) if text else ():
+                    yield result.add(event)
+                if stopped_by_string:
+                    await self._abort()
+                    result.finish_reason = "stop"
+                    break
+                if finish is not None:
+                    self._engine_busy = False
+                    self._read_finish(finish)
+                    break
+            else:
+                self._engine_busy = False
+                raise engine_error("SGLang ended the stream without a finish reason")
+        except APIError as err:
+            if err.code != "engine_timeout":  # SGLang refused, failed or dropped it: nothing runs on
+                self._engine_busy = False
+            raise
+        if not stopped_by_string:
+            tail = self.detok.flush()
+            if self.stop is not None:
+                held, stopped_by_string = self.stop.feed(tail) if tail else ("", False)
+                tail = held if stopped_by_string else held + self.stop.flush()
+            for event in self.parser.feed(tail) if tail else ():
+                yield result.add(event)
+        for event in self.parser.finish():
+            yield result.add(event)
+        if result.tool_calls and result.finish_reason == "stop":
+            result.finish_reason = "tool_calls"
+        self.finished = True
+
+    def close(self) -> None:
+        """The turn is over. If SGLang may still be generating for it (the agent went away, the
+        engine timed out), abort the request in the background: nobody reads the rest."""
+        if self._engine_busy:
+            self._engine_busy = False
+            asyncio.ensure_future(self.engine.abort(self.rid))
+
+    async def _abort(self) -> None:
+        """Abort now, while the reply goes on (a stop string ended it before SGLang did)."""
+        self._engine_busy = False
+        await self.engine.abort(self.rid)
+
+    def _read_usage(self, meta: dict[str, Any]) -> None:
+        result = self.result
+        result.prompt_tokens = int(meta.get("prompt_tokens", result.prompt_tokens) or result.prompt_tokens)
+        result.completion_tokens = int(meta.get("completion_tokens", len(result.output_ids)) or 0)
+        result.cached_tokens = int(meta.get("cached_tokens", 0) or 0)
+
+    def _read_finish(self, finish: dict[str, Any]) -> None:
+        result = self.result
+        kind = finish.get("type")
+        if kind == "abort":
+            raise engine_error(f"SGLang aborted the request: {finish.get('message', 'no reason given')}")
+        if kind == "length":
+            result.finish_reason = "length"
+            return
+        result.finish_reason = "stop"
+        matched = finish.get("matched")
+        if isinstance(matched, int) and not isinstance(matched, bool):
+            if not result.output_ids or result.output_ids[-1] != matched:
+                result.output_ids.append(matched)  # the stop token belongs to the history either way
+            result.end_id = matched

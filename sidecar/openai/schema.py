@@ -1,0 +1,202 @@
+"""The OpenAI chat-completions request as we accept it (pydantic); the answers' shapes are in
+``sidecar.openai.shapes``.
+
+Validation is strict where a wrong value would silently change what the model sees (roles,
+content parts, n, tool_choice) and lenient for harmless client extras (unknown top-level keys are
+ignored, as OpenAI-compatible servers commonly do).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sidecar.errors import invalid_json, invalid_request
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(min_length=1)
+    arguments: str = "{}"
+
+
+class ToolCallIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+    @model_validator(mode="after")
+    def _check_role_fields(self) -> "Message":
+        if self.role != "assistant" and self.content is None:
+            raise ValueError(f"a {self.role} message needs content")
+        if self.role != "assistant" and self.tool_calls:
+            raise ValueError("only assistant messages may carry tool_calls")
+        return self
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+    def to_template(self) -> dict[str, Any]:
+        """The dict a Hugging Face chat template expects (arguments as objects, developer=system)."""
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": _json_or_str(c.function.arguments)}}
+                for c in self.tool_calls
+            ]
+        return out
+
+
+def _json_or_str(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except (TypeError, ValueError):
+        return arguments
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedToolChoiceFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedToolChoiceFunction
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    messages: list[Message] = Field(min_length=1)
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    logprobs: bool | None = None
+    user: str | None = None
+    session_id: str | None = None
+    # SGLang sampling extras, passed through to sampling_params.
+    ignore_eos: bool | None = None
+    top_k: int | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0)] | None = None
+    min_tokens: Annotated[int, Field(ge=0)] | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _only_one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError("only n=1 is supported")
+        return n
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, stop):
+        if isinstance(stop, str):
+            stop = [stop]
+        if stop is not None and any(not s for s in stop):
+            raise ValueError("stop strings must not be empty")
+        return stop
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, logprobs):
+        if logprobs:
+            raise ValueError("logprobs are not supported by the sidecar")
+        return logprobs
+
+    @model_validator(mode="after")
+    def _check_tools(self) -> "ChatCompletionRequest":
+        if isinstance(self.tool_choice, NamedToolChoice) or self.tool_choice == "required":
+            if not self.tools:
+                raise ValueError("tool_choice requires tools")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            names = {t.function.name for t in self.tools or []}
+            if self.tool_choice.function.name not in names:
+                raise ValueError(f"tool_choice names unknown tool {self.tool_choice.function.name!r}")
+        return self
+
+    @property
+    def wanted_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+
+
+def parse_chat_request(raw: bytes) -> ChatCompletionRequest:
+    """Parse and validate the raw body in one pass: pydantic-core's JSON parser builds the model
+    directly, without the intermediate dicts of ``json.loads``. It rejects malformed JSON, nesting
+    past its recursion limit and unpaired surrogate escapes itself; each becomes one 400."""
+    try:
+        return ChatCompletionRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        if err["type"] == "json_invalid":
+            raise invalid_json(raw, err["msg"].removeprefix("Invalid JSON: ")) from None
+        if err["type"] == "model_type" and not err["loc"]:
+            raise invalid_request("request body must be a JSON object") from None
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        raise invalid_request(f"{loc}: {msg}" if loc else msg, param=loc or None) from None

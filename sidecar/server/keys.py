@@ -1,0 +1,21 @@
+"""Typed keys for what the aiohttp application holds (aiohttp's AppKey style)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from sidecar.conversation.chat_template import ChatRenderer
+from sidecar.conversation.store import SessionStore
+from sidecar.engine.worker import Workers
+from sidecar.metrics import SidecarMetrics
+from sidecar.policy import SessionPolicy
+from sidecar.settings import SidecarSettings
+from sidecar.turn.core import TurnCore
+
+SETTINGS = web.AppKey("settings", SidecarSettings)
+METRICS = web.AppKey("metrics", SidecarMetrics)
+WORKERS = web.AppKey("workers", Workers)
+RENDERER = web.AppKey("renderer", ChatRenderer)
+POLICY = web.AppKey("policy", SessionPolicy)
+SESSIONS = web.AppKey("sessions", SessionStore)
+TURNS = web.AppKey("turns", TurnCore)

@@ -1,0 +1,80 @@
+"""The routes: each reads what the request carries and hands it on (to a front door, the session
+store, the workers); none decides anything itself."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic_core import from_json
+
+from sidecar.conversation.store import scoped_id
+from sidecar.errors import APIError, body_too_large, invalid_json
+from sidecar.openai import chat_completions as openai_chat
+from sidecar.server import keys
+from sidecar.server.auth import request_scope
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The raw body, within the configured size (413 beyond it)."""
+    if request.content_length is not None and request.content_length > request.app[keys.SETTINGS].server.max_body_bytes:
+        raise body_too_large()
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise body_too_large() from None
+
+
+async def read_json_body(request: web.Request) -> Any:
+    """The body decoded as JSON (any JSON value); 400 for malformed JSON or unpaired surrogates."""
+    raw = await read_body(request)
+    try:
+        return from_json(raw)
+    except ValueError as exc:
+        raise invalid_json(raw, str(exc)) from None
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    raw = await read_body(request)
+    return await openai_chat.handle(request, raw, request.app[keys.TURNS], request_scope(request) or "")
+
+
+async def models(request: web.Request) -> web.Response:
+    name = request.app[keys.TURNS].model_name
+    return web.json_response({"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "sglang"}]})
+
+
+async def health(request: web.Request) -> web.Response:
+    up = await request.app[keys.WORKERS].healthy()
+    body = {"status": "ok" if up else "engine_unavailable", "sglang": up, "sessions": len(request.app[keys.SESSIONS])}
+    return web.json_response(body, status=200 if up else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[keys.METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def sessions(request: web.Request) -> web.Response:
+    now = time.monotonic()
+    data = [s.describe(now) for s in request.app[keys.SESSIONS].all(request_scope(request))]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def close_session(request: web.Request) -> web.Response:
+    sid = request.match_info.get("session_id")
+    if sid is None:
+        body = await read_json_body(request) if request.can_read_body else {}
+        sid = body.get("session_id") if isinstance(body, dict) else None
+        if not isinstance(sid, str):
+            raise APIError(400, "session_id is required", param="session_id")
+    store = request.app[keys.SESSIONS]
+    session = store.get(scoped_id(request_scope(request) or "", sid))
+    if session is None:
+        raise APIError(404, f"no session {sid!r}", type="not_found", code="session_not_found")
+    if session.inflight:
+        raise APIError(409, f"session {sid!r} has a request in flight", code="session_busy")
+    store.forget(session, "client")
+    return web.json_response({"id": sid, "object": "session.deleted", "deleted": True})

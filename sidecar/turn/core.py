@@ -1,0 +1,182 @@
+"""The core: one turn of a session, from recognising the session to recording the finished reply.
+
+The order matters: a turn is recorded in the session store only after the engine finished it, so a
+failed, aborted or rejected request never changes what the next turn continues from.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import AsyncIterator
+
+from sidecar.conversation.chat_template import ChatRenderer
+from sidecar.conversation.fingerprint import extend_fingerprint, reply_message
+from sidecar.conversation.store import Resolution, Session, SessionStore, TurnState, check_session_id
+from sidecar.engine.generate import generate_request, sampling_params
+from sidecar.engine.worker import Workers
+from sidecar.errors import APIError, invalid_request
+from sidecar.generation.relay import Generation, GenerationResult
+from sidecar.generation.tool_parsers import Event, get_tool_parser
+from sidecar.id_text import IdText
+from sidecar.metrics import SidecarMetrics
+from sidecar.policy import AdmissionRejected, SessionPolicy, TurnEnd, build_policy
+from sidecar.settings import ServerSettings, SidecarSettings
+from sidecar.turn.request import TurnRequest
+
+
+class TurnCore:
+    """What every front door shares: sessions, the chat template, the policy, the workers."""
+
+    def __init__(
+        self,
+        settings: ServerSettings,
+        renderer: ChatRenderer,
+        sessions: SessionStore,
+        policy: SessionPolicy,
+        workers: Workers,
+        metrics: SidecarMetrics,
+        model_name: str,
+    ):
+        self.settings = settings
+        self.renderer = renderer
+        self.sessions = sessions
+        self.policy = policy
+        self.workers = workers
+        self.metrics = metrics
+        self.model_name = model_name  # what the doors call the model
+
+    def turn(self, request: TurnRequest) -> Turn:
+        return Turn(self, request)
+
+
+def build_core(settings: SidecarSettings, tokenizer, workers: Workers, metrics: SidecarMetrics, model_name: str) -> TurnCore:
+    """The core and its services: the chat template (ValueError if the tokenizer has none), the
+    policy (admitting against the worker's capacity: one worker today), the session store."""
+    renderer = ChatRenderer(tokenizer)
+    (worker,) = workers
+    policy = build_policy(settings, worker.capacity, registry=metrics.registry)
+    sessions = SessionStore(policy, settings.server.max_sessions, metrics)
+    return TurnCore(settings.server, renderer, sessions, policy, workers, metrics, model_name)
+
+
+class Turn:
+    """``async with core.turn(request) as turn:`` then iterate ``turn.events()``.
+
+    Entering recognises the session, builds the exact prompt ids, waits for admission and asks for
+    the lease; an APIError raised there is a plain HTTP error (nothing reached the engine).
+    Leaving records the turn if it finished, has the relay abort an engine request nobody reads,
+    and releases the admission and the session, however the turn ended. The turn keeps no
+    reference to the request once entered (the door frees the parsed history when it likes).
+    """
+
+    def __init__(self, core: TurnCore, request: TurnRequest):
+        self.core = core
+        self._request: TurnRequest | None = request
+        self.resolution: Resolution | None = None
+        self.generation: Generation | None = None
+        self._n_messages = 0
+        self._admitted = False
+
+    @property
+    def session(self) -> Session:
+        return self.resolution.session
+
+    @property
+    def result(self) -> GenerationResult:
+        return self.generation.result
+
+    def events(self) -> AsyncIterator[Event]:
+        """The reply's content and tool-call events as the engine streams them."""
+        return self.generation.events()
+
+    async def __aenter__(self) -> Turn:
+        req, self._request = self._request, None
+        core = self.core
+        settings = core.settings
+        if len(req.messages) > settings.max_messages:
+            raise invalid_request(f"too many messages ({len(req.messages)} > {settings.max_messages})", param="messages")
+        core.renderer.check_template_kwargs(req.template_kwargs)
+        explicit = check_session_id(req.session_id) if req.session_id is not None else None
+        res = self.resolution = core.sessions.resolve(req.messages, explicit, req.scope)
+        self._n_messages = len(req.messages)
+        session = res.session
+        session.inflight += 1
+        try:
+            await self._prepare(req, res, session)
+        except BaseException:
+            self._release()
+            raise
+        return self
+
+    async def _prepare(self, req: TurnRequest, res: Resolution, session: Session) -> None:
+        core, renderer = self.core, self.core.renderer
+        ids = self._prompt_ids(req, res)
+        parser_name = "none" if (req.tool_choice == "none" or not req.tools) else core.settings.tool_parser
+        parser = get_tool_parser(parser_name)
+        forced = parser.forced_prefix(req.forced_tool) if req.tool_choice == "required" else None
+        if forced is not None:
+            ids += renderer.encode(forced)
+        worker = session.worker or core.workers.place(session.id)
+        limit = core.settings.max_prompt_tokens or worker.capacity.max_req_input_len
+        if limit and len(ids) > limit:
+            raise invalid_request(
+                f"prompt is {len(ids)} tokens, more than the limit of {limit}", param="messages", code="context_length_exceeded"
+            )
+        core.metrics.turns.labels(kind="continued" if res.base else ("new" if res.is_new_session else "branch")).inc()
+        try:
+            await core.policy.admit(session.id, len(ids), res.is_new_session)
+        except AdmissionRejected as exc:
+            raise APIError(
+                429,
+                str(exc),
+                type="rate_limit_error",
+                code="admission_queue_full",
+                headers={"Retry-After": str(max(1, round(exc.retry_after_s)))},
+            ) from None
+        self._admitted = True
+        session.worker = worker  # its requests go there from now on
+        now = time.monotonic()
+        core.policy.on_request(session.id, len(ids), now)
+        lease = core.policy.lease_ttl(session.id, len(ids), now)
+        params = sampling_params(req.sampling, core.settings.default_max_tokens, renderer.eos_ids, lease)
+        self.generation = Generation(
+            worker.client, generate_request(ids, session.id, params), renderer.codec, parser, req.stop, forced
+        )
+
+    def _prompt_ids(self, req: TurnRequest, res: Resolution) -> IdText:
+        """The engine's ids of the previous turn + only the new messages, or the whole history."""
+        renderer = self.core.renderer
+        if res.base is not None:
+            new = req.messages[res.new_messages_from :]
+            return res.base.token_ids + renderer.render_suffix(new, res.base.end_id, req.tools, req.template_kwargs)
+        return IdText(renderer.render_full(req.messages, req.tools, req.template_kwargs))
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.generation.close()
+            if exc_type is None and self.generation.finished:
+                self._record()
+        finally:
+            self._release()
+
+    def _record(self) -> None:
+        """The finished turn becomes what the next request continues from; the gap starts."""
+        core, res, gen = self.core, self.resolution, self.generation
+        result = gen.result
+        reply = reply_message(result.content, [(c.name, c.arguments) for c in result.tool_calls])
+        ids = gen.payload["input_ids"] + result.output_ids
+        core.sessions.record_turn(res.session, TurnState(extend_fingerprint(res.fingerprint, reply), self._n_messages + 1, ids, result.end_id))
+        tool_names = [c.name for c in result.tool_calls]
+        core.policy.on_turn_end(TurnEnd(res.session.id, len(ids), tool_names, time.monotonic()))
+        metrics = core.metrics
+        metrics.prompt_tokens.inc(result.prompt_tokens)
+        metrics.cached_tokens.inc(result.cached_tokens)
+        metrics.completion_tokens.inc(result.completion_tokens)
+
+    def _release(self) -> None:
+        session = self.resolution.session
+        session.inflight -= 1
+        if self._admitted:
+            self.core.policy.release_admission(session.id)
+        if not session.turns and not session.inflight and not session.explicit:
+            self.core.sessions.forget(session, "failed")  # a first request that failed leaves nothing behind

@@ -1,0 +1,84 @@
+"""The engine client's stream reading and connect retries, against a bare aiohttp server."""
+
+import asyncio
+import time
+
+import aiohttp
+from aiohttp import web
+
+from sidecar.engine.client import EngineClient, _LineSplitter
+
+
+def test_line_splitter_rejoins_lines_split_across_chunks():
+    s = _LineSplitter()
+    assert s.feed(b'data: {"a"') == []
+    assert s.feed(b": 1}\n\ndata: [DO") == [b'data: {"a": 1}', b""]
+    assert s.feed(b"NE]\n\n") == [b"data: [DONE]", b""]
+    assert s.flush() == []
+    assert s.feed(b"no newline at the end") == []
+    assert s.flush() == [b"no newline at the end"]
+
+
+async def _serve(handler):
+    app = web.Application()
+    app.router.add_post("/generate", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+async def test_stream_events_survive_any_chunking_and_a_missing_final_newline():
+    events = [{"output_ids": list(range(i + 1)), "meta_info": {"finish_reason": None}} for i in range(5)]
+
+    async def handler(request):
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        import json
+
+        raw = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b'data: {"last": true}'
+        for i in range(0, len(raw), 7):  # odd-sized pieces, flushed one by one
+            await resp.write(raw[i : i + 7])
+            await asyncio.sleep(0)
+        await resp.write_eof()
+        return resp
+
+    runner, url = await _serve(handler)
+    try:
+        async with aiohttp.ClientSession() as http:
+            client = EngineClient(url, http)
+            got = [e async for e in client.generate_stream({"rid": "r1", "input_ids": [1]})]
+    finally:
+        await runner.cleanup()
+    assert got == events + [{"last": True}]
+
+
+async def test_connect_retries_back_off_as_before():
+    """A refused connection is tried 1 + connect_retries times, waiting 0.1, 0.2, 0.4 s in between."""
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    async with aiohttp.ClientSession() as http:
+        client = EngineClient(f"http://127.0.0.1:{port}", http, connect_retries=3)
+        attempts: list[float] = []
+        real_request = http.request
+
+        def counting_request(*args, **kwargs):
+            attempts.append(time.monotonic())
+            return real_request(*args, **kwargs)
+
+        http.request = counting_request
+        try:
+            async for _ in client.generate_stream({"rid": "r1", "input_ids": [1]}):
+                pass
+        except Exception as exc:  # noqa: BLE001
+            assert getattr(exc, "code", None) == "engine_unavailable"
+        else:
+            raise AssertionError("expected engine_unavailable")
+    assert len(attempts) == 4
+    gaps = [b - a for a, b in zip(attempts, attempts[1:])]
+    assert [round(g, 1) >= w for g, w in zip(gaps, (0.1, 0.2, 0.4))] == [True, True, True]

@@ -1,0 +1,304 @@
+"""Optional auth: bearer keys, what each route needs, per-key session scopes, SGLang's own key."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+from aiohttp import web
+from sglang_double import IM_END_ID, SGLangDouble, scripted_responder
+
+from sidecar.server import auth
+from sidecar.server.app import StartupError, create_app
+from sidecar.settings import load_settings
+
+KEY_A = "sk-alpha-0123456789abcdef"
+KEY_B = "sk-bravo-fedcba9876543210"
+ENGINE_KEY = "engine-secret-42"
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+A, B = bearer(KEY_A), bearer(KEY_B)
+HELLO = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+
+
+@pytest.fixture
+async def make_sidecar(aiohttp_client, sglang_double, qwen3_tokenizer_dir, qwen3_tokenizer, tmp_path):
+    """``await make_sidecar(**server_settings)`` -> test client; keys A and B in a keys file by default."""
+    keys_file = tmp_path / "keys.txt"
+    keys_file.write_text(f"# agents\n{KEY_A}\n\n{KEY_B}\n")
+
+    async def make(double=None, **server):
+        server.setdefault("api_keys_file", str(keys_file))
+        double = double or sglang_double
+        settings = load_settings(
+            overrides={"server": {"sglang_url": double.url, "tokenizer": str(qwen3_tokenizer_dir), **server}}
+        )
+        return await aiohttp_client(create_app(settings, tokenizer=qwen3_tokenizer))
+
+    make.keys_file = keys_file
+    return make
+
+
+def _encode(tok, text):
+    return tok.encode(text, add_special_tokens=False)
+
+
+async def _chat(client, body, headers):
+    resp = await client.post("/v1/chat/completions", json=body, headers=headers)
+    return resp.status, await resp.json()
+
+
+async def _sessions(client, headers=None):
+    resp = await client.get("/v1/sessions", headers=headers)
+    assert resp.status == 200
+    return {s["id"]: s for s in (await resp.json())["data"]}
+
+
+# --------------------------------------------------------------------------- keys and routes
+
+
+@pytest.mark.parametrize(
+    "headers, message",
+    [
+        ({}, "missing API key"),
+        (bearer("sk-wrong"), "invalid API key"),
+        ({"Authorization": f"Basic {KEY_A}"}, "invalid API key"),
+        ({"Authorization": "Bearer"}, "invalid API key"),
+        (bearer(KEY_A + "x"), "invalid API key"),
+        (bearer(KEY_A[:-1]), "invalid API key"),
+    ],
+)
+async def test_requests_without_a_valid_key_get_401_and_never_reach_sglang(make_sidecar, sglang_double, headers, message):
+    client = await make_sidecar()
+    resp = await client.post("/v1/chat/completions", json=HELLO, headers=headers)
+    body = await resp.json()
+    assert resp.status == 401, body
+    assert resp.headers["WWW-Authenticate"] == "Bearer"
+    assert body["error"]["code"] == "invalid_api_key" and message in body["error"]["message"]
+    assert KEY_A not in str(body)
+    assert (await client.get("/v1/models", headers=headers)).status == 401
+    assert sglang_double.requests == []
+
+
+async def test_a_valid_key_passes_and_health_stays_open(make_sidecar, sglang_double):
+    client = await make_sidecar()
+    for headers in (A, B, {"Authorization": f"bearer  {KEY_A} "}):
+        status, body = await _chat(client, HELLO, headers)
+        assert status == 200, body
+    assert (await client.get("/v1/models", headers=A)).status == 200
+    assert (await client.get("/health")).status == 200  # probes carry no secrets
+
+
+async def test_single_api_key_setting(make_sidecar):
+    client = await make_sidecar(api_keys_file=None, api_key="only-key-123")
+    assert (await _chat(client, HELLO, bearer("only-key-123")))[0] == 200
+    assert (await _chat(client, HELLO, A))[0] == 401
+
+
+async def test_api_key_and_keys_file_together(make_sidecar):
+    client = await make_sidecar(api_key="ops-key-123")
+    for headers in (bearer("ops-key-123"), A, B):
+        assert (await _chat(client, HELLO, headers))[0] == 200
+
+
+async def test_metrics_open_by_default_protected_on_request(make_sidecar):
+    client = await make_sidecar()
+    assert (await client.get("/metrics")).status == 200
+    assert (await client.get("/metrics", headers=bearer("nope"))).status == 401  # a wrong key is never ignored
+    guarded = await make_sidecar(protect_metrics=True)
+    assert (await guarded.get("/metrics")).status == 401
+    resp = await guarded.get("/metrics", headers=A)
+    assert resp.status == 200 and "sidecar_requests_total" in await resp.text()
+
+
+async def test_sessions_route_protected_by_default(make_sidecar):
+    client = await make_sidecar()
+    assert (await client.get("/v1/sessions")).status == 401
+    assert (await client.delete("/v1/sessions/x")).status == 401
+    assert (await client.post("/close_session", json={"session_id": "x"})).status == 401
+
+
+async def test_unprotected_sessions_list_is_read_only(make_sidecar):
+    client = await make_sidecar(protect_sessions=False)
+    await _chat(client, {**HELLO, "session_id": "a-1"}, A)
+    await _chat(client, {**HELLO, "session_id": "b-1"}, B)
+    everything = await _sessions(client)  # the operator's view, no key
+    assert set(everything) == {"a-1", "b-1"}
+    assert everything["a-1"]["scope"] == auth.scope_of_key(KEY_A) != everything["b-1"]["scope"]
+    assert set(await _sessions(client, A)) == {"a-1"}  # a key still sees only its own
+    assert (await client.delete("/v1/sessions/a-1")).status == 401  # closing always needs the key
+    assert (await client.delete("/v1/sessions/a-1", headers=A)).status == 200
+
+
+# --------------------------------------------------------------------------- scopes
+
+
+async def test_same_explicit_id_under_two_keys_is_two_sessions(make_sidecar, sglang_double, qwen3_tokenizer):
+    client = await make_sidecar()
+    reply = "<think>\nA's private plan\n</think>\n\nok"
+    sglang_double.responder = scripted_responder(_encode(qwen3_tokenizer, reply) + [IM_END_ID])
+    sid = {"X-Session-Id": "agent-1"}
+    messages = [{"role": "user", "content": "task"}]
+    _, first_a = await _chat(client, {"messages": messages}, {**A, **sid})
+    _, first_b = await _chat(client, {"messages": [{"role": "user", "content": "other task"}]}, {**B, **sid})
+    sent_a, sent_b = (r["session_id"] for r in sglang_double.requests)
+    assert sent_a != sent_b and sent_a.endswith(":agent-1") and sent_b.endswith(":agent-1")
+    assert KEY_A not in sent_a and KEY_B not in sent_b  # SGLang sees a hash, never the key
+
+    # B replays A's history under A's id: it must not continue A's ids.
+    follow = messages + [first_a["choices"][0]["message"], {"role": "user", "content": "next"}]
+    await _chat(client, {"messages": follow}, {**B, **sid})
+    assert sglang_double.requests[-1]["session_id"] == sent_b
+    a_history = sglang_double.requests[0]["input_ids"] + sglang_double.results[0]["output_ids"]
+    assert sglang_double.requests[-1]["input_ids"][: len(a_history)] != a_history  # B's own branch
+    assert "private plan" not in qwen3_tokenizer.decode(sglang_double.requests[-1]["input_ids"])
+    # A continues its own session token-exactly.
+    await _chat(client, {"messages": follow}, {**A, **sid})
+    assert sglang_double.requests[-1]["session_id"] == sent_a
+    assert sglang_double.requests[-1]["input_ids"][: len(a_history)] == a_history
+
+    listed_a, listed_b = await _sessions(client, A), await _sessions(client, B)
+    assert set(listed_a) == set(listed_b) == {"agent-1"}
+    assert listed_a["agent-1"]["turns"] == 2 and listed_b["agent-1"]["turns"] == 2
+
+
+async def test_implicit_recognition_never_crosses_keys(make_sidecar, sglang_double, qwen3_tokenizer):
+    """The same conversation from another key is rendered whole, never continued from A's ids."""
+    client = await make_sidecar()
+    reply = "<think>\nprivate reasoning\n</think>\n\nDone."
+    sglang_double.responder = scripted_responder(_encode(qwen3_tokenizer, reply) + [IM_END_ID])
+    messages = [{"role": "user", "content": "shared question"}]
+    _, first = await _chat(client, {"messages": messages}, A)
+    follow = messages + [first["choices"][0]["message"], {"role": "user", "content": "and?"}]
+
+    await _chat(client, {"messages": follow}, B)
+    rendered = qwen3_tokenizer.apply_chat_template(follow, tokenize=False, add_generation_prompt=True)
+    b_request = sglang_double.requests[-1]
+    assert b_request["input_ids"] == _encode(qwen3_tokenizer, rendered)
+    assert "private reasoning" not in qwen3_tokenizer.decode(b_request["input_ids"])
+    assert b_request["session_id"] != sglang_double.requests[0]["session_id"]
+
+    await _chat(client, {"messages": follow}, A)  # A itself still continues exactly
+    a_history = sglang_double.requests[0]["input_ids"] + sglang_double.results[0]["output_ids"]
+    assert sglang_double.requests[-1]["session_id"] == sglang_double.requests[0]["session_id"]
+    assert sglang_double.requests[-1]["input_ids"][: len(a_history)] == a_history
+
+
+async def test_a_key_cannot_see_or_close_another_keys_session(make_sidecar, sglang_double):
+    client = await make_sidecar()
+    await _chat(client, {**HELLO, "session_id": "secret-plan"}, A)
+    assert "secret-plan" not in await _sessions(client, B)
+    resp = await client.delete("/v1/sessions/secret-plan", headers=B)
+    assert resp.status == 404  # same answer as for an id that does not exist
+    resp = await client.post("/close_session", json={"session_id": "secret-plan"}, headers=B)
+    assert resp.status == 404
+    assert "secret-plan" in await _sessions(client, A)
+    assert (await client.delete("/v1/sessions/secret-plan", headers=A)).status == 200
+    await asyncio.sleep(0.05)
+    closed = sglang_double.closed_sessions[-1]["session_id"]
+    assert closed == sglang_double.requests[0]["session_id"] and closed.endswith(":secret-plan")
+
+
+def test_scope_is_a_stable_hash_of_the_key():
+    assert auth.scope_of_key(KEY_A) == auth.scope_of_key(KEY_A)
+    assert auth.scope_of_key(KEY_A) != auth.scope_of_key(KEY_B)
+    assert len(auth.scope_of_key(KEY_A)) == 16 and KEY_A not in auth.scope_of_key(KEY_A)
+
+
+# --------------------------------------------------------------------------- keys file
+
+
+async def test_keys_file_is_reloaded_when_it_changes(make_sidecar, monkeypatch):
+    monkeypatch.setattr(auth, "RELOAD_CHECK_S", 0.0)
+    client = await make_sidecar()
+    path = make_sidecar.keys_file
+    assert (await _chat(client, HELLO, A))[0] == 200
+    path.write_text(f"{KEY_B}\nsk-charlie-new-key\n")
+    os.utime(path, (1, 1))  # a distinct mtime even on coarse file systems
+    assert (await _chat(client, HELLO, bearer("sk-charlie-new-key")))[0] == 200
+    assert (await _chat(client, HELLO, A))[0] == 401  # revoked
+    path.write_text("")  # mid-edit / emptied: keep what was loaded
+    os.utime(path, (2, 2))
+    assert (await _chat(client, HELLO, B))[0] == 200
+    path.unlink()
+    assert (await _chat(client, HELLO, B))[0] == 200
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [("", "no keys"), ("# only a comment\n\n", "no keys"), ("two words\n", "whitespace")],
+)
+def test_unusable_keys_file_refuses_to_start(tmp_path, content, fragment):
+    path = tmp_path / "keys"
+    path.write_text(content)
+    with pytest.raises(StartupError, match=fragment):
+        create_app(load_settings(overrides={"server": {"api_keys_file": str(path)}}))
+    with pytest.raises(StartupError, match="cannot read"):
+        create_app(load_settings(overrides={"server": {"api_keys_file": str(tmp_path / "missing")}}))
+
+
+# --------------------------------------------------------------------------- SGLang's own key
+
+
+class GuardedDouble(SGLangDouble):
+    """The double behind SGLang's --api-key: every route but /health and /metrics needs it."""
+
+    def __init__(self, key: str, **kwargs):
+        super().__init__(**kwargs)
+        self.key = key
+        self.seen_auth: list[tuple[str, str | None]] = []
+
+    def _build_app(self) -> web.Application:
+        app = super()._build_app()
+
+        @web.middleware
+        async def guard(request, handler):
+            header = request.headers.get("Authorization")
+            self.seen_auth.append((request.path, header))
+            if request.path not in ("/health", "/metrics") and header != f"Bearer {self.key}":
+                return web.json_response({"error": "Unauthorized"}, status=401)
+            return await handler(request)
+
+        app.middlewares.append(guard)
+        return app
+
+
+@pytest.fixture
+async def guarded_double():
+    double = GuardedDouble(ENGINE_KEY)
+    await double.start()
+    yield double
+    await double.stop()
+
+
+async def test_sglang_api_key_is_sent_on_every_engine_call(make_sidecar, guarded_double, qwen3_tokenizer, sse):
+    client = await make_sidecar(double=guarded_double, sglang_api_key=ENGINE_KEY)
+    models = await (await client.get("/v1/models", headers=A)).json()
+    assert models["data"][0]["id"] == guarded_double.served_model_name  # /server_info answered at startup
+
+    guarded_double.responder = scripted_responder(_encode(qwen3_tokenizer, "alpha STOP beta gamma delta"))
+    status, body = await _chat(client, {**HELLO, "max_tokens": 20, "stop": ["STOP"], "session_id": "s1"}, A)
+    assert status == 200 and body["choices"][0]["message"]["content"] == "alpha "
+    resp = await client.post("/v1/chat/completions", json={**HELLO, "stream": True}, headers=A)
+    assert resp.status == 200 and sse(await resp.read())[-1] == "[DONE]"
+    assert (await client.get("/health")).status == 200
+    assert (await client.delete("/v1/sessions/s1", headers=A)).status == 200
+    await asyncio.sleep(0.05)
+
+    assert guarded_double.aborts and guarded_double.closed_sessions  # both got through the guard
+    paths = {path for path, _ in guarded_double.seen_auth}
+    assert {"/server_info", "/generate", "/abort_request", "/close_session", "/health"} <= paths
+    # Every call carried SGLang's key; the agent's own key never travels to the engine.
+    assert {header for _, header in guarded_double.seen_auth} == {f"Bearer {ENGINE_KEY}"}
+
+
+async def test_missing_sglang_key_is_a_clear_502(make_sidecar, guarded_double):
+    client = await make_sidecar(double=guarded_double, api_keys_file=None)
+    status, body = await _chat(client, HELLO, {})
+    assert status == 502 and "--sglang-api-key" in body["error"]["message"]
+    assert all(header is None for _, header in guarded_double.seen_auth)
