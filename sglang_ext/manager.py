@@ -346,6 +346,11 @@ class LeaseManager:
             "leased_tokens": self._hard_tokens,
             "limit_tokens": self.limit_tokens(),
             "tiers": self.host.describe(),
+            # read by the sidecar (sidecar.engine.capacity): the pools it admits sessions against
+            "tier_tokens": {
+                "gpu": self.tree.capacity_tokens(),
+                "host": self.tree.host_capacity_tokens() if self.tree.host_tier_attached() else 0,
+            },
             "returning_turns_on_gpu_share": (
                 self.metrics.get("returning_turns", kv="gpu") / returning if returning else None
             ),

@@ -1,4 +1,5 @@
-"""HTTP client for SGLang's native API: /generate (streamed), /abort_request, /close_session, info.
+"""HTTP client for SGLang's native API: /generate (streamed), /abort_request, /close_session,
+/set_internal_state, info.
 
 Mechanism only: it sends what it is given and maps failures to OpenAI-style errors; when to abort
 a request is the relay's decision (``sidecar.generation.relay.Generation.close``). Connection
@@ -146,26 +147,25 @@ class EngineClient:
 
     async def abort(self, rid: str) -> None:
         """Best effort: the agent is gone, free the engine's work."""
-        try:
-            resp = await self.http.post(
-                self._url("/abort_request"), json={"rid": rid}, headers=self.headers, timeout=aiohttp.ClientTimeout(total=5)
-            )
-            resp.release()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            log.warning("abort of %s failed: %s", rid, exc)
+        await self._post_best_effort("/abort_request", {"rid": rid}, f"abort of {rid}")
 
     async def close_session(self, session_id: str) -> None:
         """Best effort: ends the session's lease in the plugin (and any SGLang session state)."""
+        await self._post_best_effort("/close_session", {"session_id": session_id}, f"close_session {session_id}")
+
+    async def set_internal_state(self, body: dict[str, Any]) -> None:
+        """Best effort: SGLang's ``/set_internal_state`` (the plugin's after-turn channel). A lease
+        update that does not arrive leaves the request's own lease in place."""
+        await self._post_best_effort("/set_internal_state", body, "set_internal_state")
+
+    async def _post_best_effort(self, path: str, body: dict[str, Any], what: str) -> None:
         try:
-            resp = await self.http.post(
-                self._url("/close_session"),
-                json={"session_id": session_id},
-                headers=self.headers,
-                timeout=aiohttp.ClientTimeout(total=5),
-            )
+            resp = await self.http.post(self._url(path), json=body, headers=self.headers, timeout=aiohttp.ClientTimeout(total=5))
+            if resp.status >= 400:
+                log.warning("%s: SGLang answered %d", what, resp.status)
             resp.release()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            log.warning("close_session %s failed: %s", session_id, exc)
+            log.warning("%s failed: %s", what, exc)
 
 
 def _json_body(payload: dict[str, Any]) -> bytes:

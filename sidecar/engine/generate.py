@@ -12,9 +12,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_ext.wire import lease_params
+from sglang_ext.wire import after_turn_state, lease_params
 
 from sidecar.id_text import IdText
+from sidecar.engine.lease import LeaseRequest
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class Sampling:
     stop_token_ids: list[int] | None = None
 
 
-def sampling_params(sampling: Sampling, default_max_tokens: int, eos_ids: list[int], lease_ttl: float | None) -> dict[str, Any]:
+def sampling_params(sampling: Sampling, default_max_tokens: int, eos_ids: list[int], lease: LeaseRequest | None) -> dict[str, Any]:
     s = sampling
     params: dict[str, Any] = {"max_new_tokens": s.max_tokens or default_max_tokens}
     optional = {
@@ -54,9 +55,16 @@ def sampling_params(sampling: Sampling, default_max_tokens: int, eos_ids: list[i
     stop_ids = eos_ids + list(s.stop_token_ids or [])
     if stop_ids and not s.ignore_eos:
         params["stop_token_ids"] = stop_ids
-    if lease_ttl is not None:
-        params["custom_params"] = lease_params(lease_ttl)
+    if lease is not None:
+        params["custom_params"] = lease_params(lease.ttl_s, lease.expected_back_s, lease.spread_s)
     return params
+
+
+def after_turn_body(session_id: str, lease: LeaseRequest) -> dict[str, Any]:
+    """The ``/set_internal_state`` body that revises a finished turn's lease in the plugin."""
+    return after_turn_state(
+        session_id, ttl_s=lease.ttl_s, expected_back_s=lease.expected_back_s, spread_s=lease.spread_s
+    )
 
 
 def generate_request(input_ids: IdText, session_id: str, sampling_params: dict[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from sidecar.engine.capacity import EngineCapacity
 from sidecar.engine.client import EngineClient
+from sidecar.engine.generate import after_turn_body
+from sidecar.engine.lease import LeaseRequest
 
 
 @dataclass(eq=False)
@@ -26,6 +28,12 @@ class Worker:
         """End the session's lease on this worker, in the background (best effort: the plugin's
         lease table is the truth, and a lease the sidecar cannot release still expires)."""
         asyncio.ensure_future(self.client.close_session(session_id))
+
+    def revise_lease(self, session_id: str, lease: LeaseRequest) -> None:
+        """Tell the worker's plugin, in the background, the finished turn's revised lease (the
+        plugin's after-turn channel); only where the plugin runs (SGLang refuses the keys else)."""
+        if self.capacity.plugin:
+            asyncio.ensure_future(self.client.set_internal_state(after_turn_body(session_id, lease)))
 
 
 class Workers:

@@ -10,11 +10,16 @@ Contract (all times ``time.monotonic()``):
                   ``on_session_closed(record, reason)`` for each session it forgets
   per request     ``await admit(sid, prompt_tokens, is_new_session)``   (AdmissionRejected -> 429)
                   ``on_request(sid, prompt_tokens, now)``
-                  ``ttl = lease_ttl(sid, prompt_tokens, now)``  -> the lease the request asks SGLang for
+                  ``lease = lease_request(sid, prompt_tokens, now)``  -> the lease the request asks
+                                                 SGLang for (TTL + expected return), or None
                   ... engine turn ...
                   ``on_turn_end(TurnEnd(sid, prompt+output tokens, tool names, finished_at))``
+                  ``after_turn(sid, now)``  -> the lease revised now that the reply's tools are
+                                               known; if sent (the plugin's after-turn channel),
+                                               ``lease_revised(sid, lease, now)``
                   ``release_admission(sid)``   (in finally, iff admit returned)
   every ~1 s      ``sessions_to_close(now)``: the store forgets those (releasing their leases)
+  engine info     ``set_capacity(capacity)`` whenever the worker reports (again) what it holds
 """
 
 from __future__ import annotations
@@ -24,12 +29,13 @@ from collections.abc import Callable
 from typing import Protocol
 
 from sidecar.engine.capacity import EngineCapacity
-from sidecar.policy.base import AdmissionRejected, TurnEnd
+from sidecar.policy.base import AdmissionRejected, LeaseRequest, TurnEnd
 from sidecar.policy.lifecycle import SessionRecord, SessionRecords
 
 __all__ = [
     "AdmissionRejected",
     "EngineCapacity",
+    "LeaseRequest",
     "SessionPolicy",
     "SessionRecord",
     "TurnEnd",
@@ -53,8 +59,17 @@ class SessionPolicy(Protocol):
     def on_request(self, session_id: str, context_tokens: int, now: float) -> None:
         """A request of a session arrived (ends the gap that began at the last TurnEnd)."""
 
-    def lease_ttl(self, session_id: str, context_tokens: int, now: float) -> float | None:
-        """Seconds SGLang should keep this session's KV after the coming turn; None = no lease."""
+    def lease_request(self, session_id: str, context_tokens: int, now: float) -> LeaseRequest | None:
+        """What SGLang should keep of this session's KV after the coming turn; None = no lease."""
+
+    def after_turn(self, session_id: str, now: float) -> LeaseRequest | None:
+        """The finished turn's lease revised from ``now`` (its tools are known); None = no change."""
+
+    def lease_revised(self, session_id: str, lease: LeaseRequest, now: float) -> None:
+        """The revised lease went to the engine."""
+
+    def set_capacity(self, capacity: EngineCapacity) -> None:
+        """What the worker holds, as it reported it (again)."""
 
     def on_turn_end(self, turn: TurnEnd) -> None:
         """A turn finished; the gap until the session's next request starts now."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sidecar.engine.lease import LeaseRequest  # noqa: F401  (re-exported: the policy returns it)
+
 
 class AdmissionRejected(Exception):
     """The admission queue is full: the caller answers 429 with Retry-After."""
@@ -21,3 +23,4 @@ class TurnEnd:
     context_tokens: int  # prompt + output tokens the session now holds in KV
     tool_names: list[str] = field(default_factory=list)  # tools the reply asked for ([] = none)
     finished_at: float = 0.0  # time.monotonic() when the reply ended
+

@@ -3,7 +3,7 @@
 It keeps no session table: each session's record lives in the session store, which binds itself
 (``bind``) and asks for a new session's record (``new_record``). Call order per request (see
 ``sidecar.policy.SessionPolicy``):
-    admit -> on_request -> lease_ttl -> (engine turn) -> on_turn_end -> release_admission
+    admit -> on_request -> lease_request -> (engine turn) -> on_turn_end [-> after_turn] -> release_admission
 and periodically the store's close_due(now): sessions_to_close(now) -> forget -> on_session_closed.
 All times are the injectable clock's (time.monotonic by default), like TurnEnd.finished_at.
 
@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.engine.capacity import EngineCapacity
 from sidecar.policy.admission import AdmissionGate, AdmissionTicket
-from sidecar.policy.base import TurnEnd
+from sidecar.policy.base import LeaseRequest, TurnEnd
 from sidecar.policy.lifecycle import ClosedSessions, SessionRecord, SessionRecords
 from sidecar.policy.metrics import PolicyMetrics
 from sidecar.policy.predictor import ReturnTimePredictor, tool_keys
@@ -73,7 +73,7 @@ class LeasePolicy:
         self.cycle_s: float | None = None
         self.gate = AdmissionGate(
             admission,
-            capacity.max_total_num_tokens,
+            capacity.hierarchy_tokens,
             resident=lambda: self._resident_summary(self.clock())[1:],
             grant=self._start_request,
             ungrant=self.release_admission,
@@ -161,8 +161,9 @@ class LeasePolicy:
         state.context_tokens = context_tokens
         state.last_active = max(state.last_active, now)
 
-    def lease_ttl(self, session_id: str, context_tokens: int, now: float) -> float | None:
-        """TTL to send with this request: how long SGLang keeps the KV after the turn (None = no lease).
+    def lease_request(self, session_id: str, context_tokens: int, now: float) -> LeaseRequest | None:
+        """The lease to send with this request (None = no lease): how long SGLang keeps the KV after
+        the turn, and when the session is expected back.
 
         The reply's tool calls are not known yet, so the prediction mixes the tools replies at
         this context size tend to call, stretched by this session's speed factor.
@@ -173,9 +174,17 @@ class LeasePolicy:
             dist = self.predictor.next_reply_distribution(state.gap_stats, context_tokens)
         ttl = self.ttl_rule.ttl(dist, context_tokens, 0.0, self._resident_fraction(now))
         state.pending_ttl = ttl
-        if ttl is not None:
-            self.metrics.lease_granted(ttl)
-        return ttl
+        if ttl is None:
+            return None
+        self.metrics.lease_granted(ttl)
+        if dist is None:  # a fixed lease: the expectation still comes from what was learned
+            dist = self.predictor.next_reply_distribution(state.gap_stats, context_tokens)
+        return LeaseRequest(ttl, *expected_return(dist))
+
+    def lease_ttl(self, session_id: str, context_tokens: int, now: float) -> float | None:
+        """The TTL of :meth:`lease_request` alone (for callers that send no expectation)."""
+        lease = self.lease_request(session_id, context_tokens, now)
+        return lease.ttl_s if lease is not None else None
 
     def lease_expiry(self, session_id: str) -> float | None:
         """When the lease the sidecar asked for ends (the policy's clock); None = no lease."""
@@ -200,11 +209,19 @@ class LeasePolicy:
         self.gate.pump()
 
     def revised_lease_ttl(self, session_id: str, now: float) -> float | None:
-        """Optional: a TTL counted from ``now``, now that the reply's tools are known.
+        """Optional: a TTL counted from ``now``, now that the reply's tools are known, taken as the
+        session's lease (for a lease channel that can update a lease between requests; call it
+        right after ``on_turn_end`` and send the result). None = leave the lease as it is."""
+        lease = self.after_turn(session_id, now)
+        if lease is None:
+            return None
+        self.lease_revised(session_id, lease, now)
+        return lease.ttl_s
 
-        Only for a lease channel that can update a lease between requests; call it right after
-        ``on_turn_end`` and send the result. None = leave the lease as it is.
-        """
+    def after_turn(self, session_id: str, now: float) -> LeaseRequest | None:
+        """The lease and expected return counted from ``now``, now that the reply's tool calls
+        (or their absence: a final answer) are known; None = nothing to revise (not predictive).
+        Nothing changes until the caller sends it and says so (``lease_revised``)."""
         state = self.sessions.record(session_id)
         if state is None or state.turn_ended_at is None or self.settings.mode != "predictive":
             return None
@@ -213,9 +230,21 @@ class LeasePolicy:
         ttl = self.ttl_rule.ttl(dist, state.context_tokens, elapsed, self._resident_fraction(now))
         if ttl is None:
             return None
-        state.lease_expires_at = now + ttl
-        self.metrics.lease_granted(ttl)
-        return ttl
+        return LeaseRequest(ttl, *expected_return(dist, elapsed))
+
+    def lease_revised(self, session_id: str, lease: LeaseRequest, now: float) -> None:
+        """``lease`` (from ``after_turn``) went to the engine: the session's lease runs from now."""
+        state = self.sessions.record(session_id)
+        if state is not None:
+            state.lease_expires_at = now + lease.ttl_s
+            self.metrics.lease_granted(lease.ttl_s)
+
+    def set_capacity(self, capacity: EngineCapacity) -> None:
+        """The worker told us (again) what it holds: admission and the pressure term use it from
+        now on."""
+        self.capacity = capacity
+        self.gate.capacity_tokens = capacity.hierarchy_tokens
+        self.gate.pump()
 
     # ------------------------------------------------------------------ lifecycle
     def sessions_to_close(self, now: float) -> list[str]:
@@ -314,13 +343,26 @@ class LeasePolicy:
         return self.service_s / total if total > 0 else 1.0
 
     def _resident_fraction(self, now: float) -> float:
-        capacity = self.capacity.max_total_num_tokens
+        capacity = self.capacity.hierarchy_tokens
         if capacity <= 0 or self.settings.kv_pressure_gain == 0 or self.settings.mode != "predictive":
             return 0.0
         # tokens only: the gate's duty-cycle projections (a predictor distribution per idle
         # session) are not needed for the pressure term, and this runs on every request
         tokens = sum(s.context_tokens for s in self.sessions.records() if s.is_resident(now))
         return min(tokens / capacity, 1.0)
+
+
+EARLY_RETURN_QUANTILE = 0.2  # the spread sent to the plugin reaches down to this quantile
+
+
+def expected_return(dist, elapsed: float = 0.0) -> tuple[float | None, float | None]:
+    """(median time to the session's next request, how much earlier it may come: median - 20th
+    percentile), both from now; (None, None) when the session is not expected back."""
+    median = dist.median(elapsed)
+    if median == float("inf"):
+        return None, None
+    early = dist.quantile(EARLY_RETURN_QUANTILE, elapsed)
+    return median, max(0.0, median - min(early, median))
 
 
 def _ewma(mean: float | None, value: float) -> float:

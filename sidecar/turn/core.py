@@ -13,6 +13,7 @@ from sidecar.conversation.chat_template import ChatRenderer
 from sidecar.conversation.fingerprint import extend_fingerprint, reply_message
 from sidecar.conversation.store import Resolution, Session, SessionStore, TurnState, check_session_id
 from sidecar.engine.generate import generate_request, sampling_params
+from sidecar.engine.lease import LeaseRequest
 from sidecar.engine.worker import Workers
 from sidecar.errors import APIError, invalid_request
 from sidecar.generation.relay import Generation, GenerationResult
@@ -76,6 +77,7 @@ class Turn:
         self.generation: Generation | None = None
         self._n_messages = 0
         self._admitted = False
+        self._lease: LeaseRequest | None = None  # the lease the request asked for
 
     @property
     def session(self) -> Session:
@@ -137,7 +139,7 @@ class Turn:
         session.worker = worker  # its requests go there from now on
         now = time.monotonic()
         core.policy.on_request(session.id, len(ids), now)
-        lease = core.policy.lease_ttl(session.id, len(ids), now)
+        lease = self._lease = core.policy.lease_request(session.id, len(ids), now)
         params = sampling_params(req.sampling, core.settings.default_max_tokens, renderer.eos_ids, lease)
         self.generation = Generation(
             worker.client, generate_request(ids, session.id, params), renderer.codec, parser, req.stop, forced
@@ -167,7 +169,13 @@ class Turn:
         ids = gen.payload["input_ids"] + result.output_ids
         core.sessions.record_turn(res.session, TurnState(extend_fingerprint(res.fingerprint, reply), self._n_messages + 1, ids, result.end_id))
         tool_names = [c.name for c in result.tool_calls]
-        core.policy.on_turn_end(TurnEnd(res.session.id, len(ids), tool_names, time.monotonic()))
+        now = time.monotonic()
+        core.policy.on_turn_end(TurnEnd(res.session.id, len(ids), tool_names, now))
+        revised = core.policy.after_turn(res.session.id, now)
+        worker = res.session.worker
+        if revised is not None and worker.capacity.plugin and worth_revising(self._lease, revised):
+            worker.revise_lease(res.session.id, revised)
+            core.policy.lease_revised(res.session.id, revised, now)
         metrics = core.metrics
         metrics.prompt_tokens.inc(result.prompt_tokens)
         metrics.cached_tokens.inc(result.cached_tokens)
@@ -180,3 +188,20 @@ class Turn:
             self.core.policy.release_admission(session.id)
         if not session.turns and not session.inflight and not session.explicit:
             self.core.sessions.forget(session, "failed")  # a first request that failed leaves nothing behind
+
+
+REVISE_IF_CHANGED_BY = 0.2  # relative change of the TTL or the expected return worth a message
+
+
+def worth_revising(sent: LeaseRequest | None, revised: LeaseRequest) -> bool:
+    """Send the after-turn lease only when the reply's tools moved the prediction (most turns'
+    expectation is what the request already carried; each update is one more call to SGLang)."""
+    if sent is None:
+        return True
+
+    def moved(a: float | None, b: float | None) -> bool:
+        if a is None or b is None:
+            return (a is None) != (b is None)
+        return abs(a - b) > REVISE_IF_CHANGED_BY * max(abs(a), 1e-3)
+
+    return moved(sent.ttl_s, revised.ttl_s) or moved(sent.expected_back_s, revised.expected_back_s)

@@ -433,8 +433,10 @@ def test_info_line_and_server_info_name_the_tiers(kit, plugin, caplog):
     snap = plugin.manager_of(cache).snapshot()
     assert snap["tiers"].startswith("GPU 512 tokens, host 1025 tokens")
     assert "prefetch on" in snap["tiers"]
+    assert snap["tier_tokens"] == {"gpu": 512, "host": 1025}  # what the sidecar admits against
     plain = kit.make_cache(512)
     assert plugin.manager_of(plain).snapshot()["tiers"] == "GPU 512 tokens; no host tier"
+    assert plugin.manager_of(plain).snapshot()["tier_tokens"] == {"gpu": 512, "host": 0}
 
 
 def test_without_a_host_tier_expectations_change_nothing(kit, plugin):

@@ -44,7 +44,11 @@ async def test_a_turn_runs_from_a_turn_request_and_the_next_continues_token_exac
     assert session.worker is worker  # it lives where its request went
     assert session.record.lease_expires_at is not None  # the lease it asked for (fixed 20 s)
     sent = sglang_double.requests[0]
-    assert sent["session_id"] == "agent-1" and sent["sampling_params"]["custom_params"] == {"session_lease_ttl_s": 20.0}
+    lease = sent["sampling_params"]["custom_params"]
+    assert sent["session_id"] == "agent-1" and lease["session_lease_ttl_s"] == 20.0
+    # nothing learned yet: the session is expected back after the prior's median gap (2 s)
+    assert lease["session_expected_back_s"] == pytest.approx(2.0, rel=0.05)
+    assert 0 < lease["session_expected_spread_s"] < lease["session_expected_back_s"]
 
     # the next turn, recognised from its history alone (no id), continues the engine's exact ids
     messages += [{"role": "assistant", "content": "first reply"}, {"role": "user", "content": "more"}]

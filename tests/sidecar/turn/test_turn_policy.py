@@ -27,7 +27,7 @@ async def test_fixed_lease_reaches_sglang_and_is_tracked(aiohttp_client, make_sg
     client = await _client(aiohttp_client, double, qwen3_tokenizer, qwen3_tokenizer_dir, policy={"mode": "fixed", "fixed_ttl": 42.0})
     resp = await client.post("/v1/chat/completions", json=_ask("hi", "leased-1"))
     assert resp.status == 200
-    assert double.requests[0]["sampling_params"]["custom_params"] == {"session_lease_ttl_s": 42.0}
+    assert double.requests[0]["sampling_params"]["custom_params"]["session_lease_ttl_s"] == 42.0
     listed = {s["id"]: s for s in (await (await client.get("/v1/sessions")).json())["data"]}
     assert listed["leased-1"]["state"] == "leased" and 41 < listed["leased-1"]["lease_remaining_s"] <= 42
     assert listed["leased-1"]["lease_source"] == "requested"  # what the sidecar asked for; SGLang holds the real one
