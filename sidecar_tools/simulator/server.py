@@ -88,6 +88,7 @@ class _Flight:
     dropped: bool = False  # the server was stopped under it: its connection is gone
     finish: dict[str, Any] | None = None  # the planned finish (stop/length), or an abort before the engine
     timing: list[float | None] | None = None  # [received, first token sent, last token sent]
+    first_token_at: float | None = None  # wall time the engine released the first token
 
 
 class SimServer:
@@ -418,6 +419,8 @@ class SimServer:
             update = await flight.updates.get()
             if update is _DROPPED:
                 raise _Dropped
+            if flight.first_token_at is None and update[0]:
+                flight.first_token_at = time.time()
             yield update
             if update[1]:
                 return
@@ -520,6 +523,8 @@ class SimServer:
             meta["cached_tokens_details"] = {"device": cached, "host": 0}
         if sim is not None and sim.first_token_s is not None:
             meta["queue_time"] = max(0.0, (sim.first_token_s - sim.arrival_s) / self.time_scale)
+        if flight.first_token_at is not None:
+            meta["first_token_latency"] = flight.first_token_at - flight.received
         return {"output_ids": list(output), "meta_info": meta}
 
     def _note_sent(self, flight: _Flight, output: list[int], finished: bool) -> None:
