@@ -1,10 +1,12 @@
-"""Shared pytest fixtures: an offline Qwen3 tokenizer and an SGLang test double.
+"""Shared pytest fixtures: an offline Qwen3 tokenizer and the SGLang stand-in.
 
 Async tests run under pytest-asyncio (brought in by pytest-aiohttp) with
 ``asyncio_mode = "auto"`` from pyproject, so ``async def`` tests and fixtures
-need no markers. The double module is importable as ``sglang_double``
-(this file puts ``tests/`` on ``sys.path``). Do not ``import conftest`` from
-tests: ``tests/sidecar_tools/benchmarks/conftest.py`` makes that name ambiguous.
+need no markers. The stand-in is ``sidecar_tools.simulator.standin.SGLangStandIn``
+(SGLang's HTTP contract over its real radix cache; its replies and fault knobs are
+documented there). This file puts ``tests/`` on ``sys.path`` for the helper modules
+that live there. Do not ``import conftest`` from tests:
+``tests/sidecar_tools/benchmarks/conftest.py`` makes that name ambiguous.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ for _path in (str(REPO_ROOT), str(TESTS_DIR)):
     if _path not in sys.path:  # `pytest` (unlike `python -m pytest`) omits the repo root
         sys.path.insert(0, _path)
 
-from sglang_double import SGLangDouble, parse_sse, run_in_thread  # noqa: E402
+from sidecar_tools.simulator.http_contract import parse_sse  # noqa: E402
+from sidecar_tools.simulator.standin import SGLangStandIn, run_in_thread  # noqa: E402
 
 # --------------------------------------------------------------------------- tokenizer
 
@@ -42,13 +45,13 @@ def qwen3_tokenizer(qwen3_tokenizer_dir: Path):
     return AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir))
 
 
-# --------------------------------------------------------------------------- SGLang double
+# --------------------------------------------------------------------------- the SGLang stand-in
 
 
 @pytest.fixture
-async def sglang_double() -> AsyncIterator[SGLangDouble]:
-    """A started :class:`SGLangDouble` on a free port (defaults), stopped afterwards."""
-    double = SGLangDouble()
+async def sglang_double() -> AsyncIterator[SGLangStandIn]:
+    """A started :class:`SGLangStandIn` on a free port (defaults), stopped afterwards."""
+    double = SGLangStandIn()
     await double.start()
     try:
         yield double
@@ -60,10 +63,10 @@ async def sglang_double() -> AsyncIterator[SGLangDouble]:
 async def make_sglang_double() -> AsyncIterator[Callable[..., Any]]:
     """Factory: ``double = await make_sglang_double(max_total_num_tokens=64, ...)``;
     every double it starts is stopped at teardown."""
-    started: list[SGLangDouble] = []
+    started: list[SGLangStandIn] = []
 
-    async def factory(**kwargs: Any) -> SGLangDouble:
-        double = SGLangDouble(**kwargs)
+    async def factory(**kwargs: Any) -> SGLangStandIn:
+        double = SGLangStandIn(**kwargs)
         await double.start()
         started.append(double)
         return double
@@ -76,12 +79,12 @@ async def make_sglang_double() -> AsyncIterator[Callable[..., Any]]:
 
 
 @pytest.fixture
-def sglang_double_thread() -> Iterator[SGLangDouble]:
-    """A :class:`SGLangDouble` served from a background thread (for sync tests).
+def sglang_double_thread() -> Iterator[SGLangStandIn]:
+    """A :class:`SGLangStandIn` served from a background thread (for sync tests).
 
     ``double.url`` is set; drive async methods with ``double.call_threadsafe(...)``.
     """
-    double = SGLangDouble()
+    double = SGLangStandIn()
     with run_in_thread(double):
         yield double
 

@@ -1,10 +1,12 @@
 """Bounded load test: many concurrent streaming agent sessions through the sidecar, on loopback.
 
-Three processes: the SGLang double (``tests/sglang_double.py``, streaming with a per-token delay),
-the sidecar (``python -m sidecar serve``), and this client (asyncio + aiohttp). Two phases with the
-same agents, prompts, replies and think times, each on a fresh double:
+Three processes: the SGLang stand-in (``sidecar_tools.simulator.standin``: SGLang's HTTP contract,
+launched with ``--disable-radix-cache`` so it stays cheap, one decode step for all running requests
+per ``--token-delay``, every reply a canned one), the
+sidecar (``python -m sidecar serve``), and this client (asyncio + aiohttp). Two phases with the
+same agents, prompts, replies and think times, each on a fresh engine:
 
-* ``direct``  - agents speak SGLang's native ``/generate`` (token ids) to the double;
+* ``direct``  - agents speak SGLang's native ``/generate`` (token ids) to the engine;
 * ``sidecar`` - agents speak OpenAI ``/v1/chat/completions`` (messages, tools, stream) to the sidecar.
 
 Each agent loops: send the conversation, read the streamed reply (a short text plus a tool call),
@@ -12,13 +14,13 @@ think (log-normal, median ``--think``), append reply + tool result, repeat; afte
 it starts a new session. New turns stop at ``--duration``; turns in flight get ``--drain`` seconds.
 
 Latency the sidecar adds, two ways:
-* *per request*: the double stamps when each request arrived and when its first / last token left;
+* *per request*: the engine stamps when each request arrived and when its first / last token left;
   "outside" = client-seen latency minus engine-side latency, i.e. transport + everything between
   client and engine. ``added`` = percentile of outside(sidecar) minus the same percentile of
   outside(direct). Independent of how busy the engine was.
 * *end to end*: client-seen TTFT / turn latency percentiles, sidecar phase minus direct phase.
 A request's clock starts when its body is serialized (the agent's own JSON work is not counted in
-either mode). Client and double share a CPU, so the client does the least work it can in both
+either mode). Client and engine share a CPU, so the client does the least work it can in both
 modes: the direct client keeps its prompt ids as JSON text (as the sidecar does) and both parse
 streamed chunks with pydantic-core; a busier direct client made the baseline slower.
 Also: requests/s, errors, and the sidecar's CPU and RSS sampled every second (psutil).
@@ -26,7 +28,7 @@ Also: requests/s, errors, and the sidecar's CPU and RSS sampled every second (ps
     python -m sidecar_tools.benchmarks.load_test --sessions 500 --duration 60 --out benchmarks/results/load
 
 ``--profile FILE`` py-spies the sidecar during its phase (speedscope JSON); ``--uvloop`` runs the
-double and the client on uvloop too (the sidecar itself picks uvloop when it is installed; pass
+engine and the client on uvloop too (the sidecar itself picks uvloop when it is installed; pass
 ``--sidecar-arg=--event-loop=asyncio`` to compare); ``LOAD_TEST_SIDECAR_LAUNCH="python3 wrapper.py"`` replaces ``python -m
 sidecar`` (e.g. a tracing wrapper). Loopback only; bounded in agents and time; every process is
 stopped at the end, also on Ctrl-C. Results: ``benchmarks/results/load/README.md``.
@@ -56,6 +58,7 @@ import click
 from pydantic_core import from_json  # the agents parse every streamed chunk: the cheapest parser, in both modes
 
 from sidecar.id_text import IdText
+from sidecar_tools.simulator.server import TIMINGS_PATH
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
@@ -85,81 +88,38 @@ class LoadConfig:
     system_tokens: int = 1000
     tool_tokens: int = 100  # tokens of each tool result
     reply_pad_tokens: int = 0  # extra words before the tool call in each reply
-    pin: bool = True  # pin the sidecar to its own CPU (the double + client share the others)
+    pin: bool = True  # pin the sidecar to its own CPU (the engine + client share the others)
     profile: str | None = None  # py-spy the sidecar during its phase, write this file (speedscope json)
-    uvloop: bool = False  # run the sidecar (and the double) on uvloop's event loop
+    uvloop: bool = False  # run the sidecar (and the engine) on uvloop's event loop
     sidecar_args: tuple[str, ...] = ()
     seed: int = 0
 
 
-# --------------------------------------------------------------------------- the double (child process)
+# --------------------------------------------------------------------------- the engine (child process)
 
 
-def _double_main(port: int, token_delay: float, reply_ids: list[int], use_uvloop: bool = False) -> None:
-    """Serve the SGLang double, tuned to stay cheap under load: no request/result recording, no
-    prefix-cache bookkeeping (cached_tokens stay 0), a plain sleep between tokens, canned reply.
-    It stamps each request (arrival, first token, last token) for the per-request latency split."""
-    sys.path.insert(0, str(REPO_ROOT / "tests"))
-    import sglang_double as sd
-    from aiohttp import web
-
-    async def plain_sleep(running, delay):  # the double's own helper starts a task per token
-        await asyncio.sleep(delay)
-
-    sd._sleep_or_abort = plain_sleep
-
-    class LoadDouble(sd.SGLangDouble):
-        def __init__(self, **kw):
-            super().__init__(**kw)
-            self.stamps: dict[str, list] = {}
-
-        async def handle_generate(self, request):
-            received = time.time()
-            body = await request.json()
-            try:
-                sd.check_schema(body)
-                req = self._normalize(body)
-            except sd.GenerateRequestError as e:
-                return sd._json_response({"error": {"message": str(e)}}, e.status)
-            req["stamp"] = stamp = [received, None, None]
-            self.stamps.setdefault(str(req["session_id"]), []).append(stamp)
-            return await self._serve_stream(request, req, received, False)
-
-        def _admit(self, req):
-            return 0
-
-        def _chunk(self, req, output, cached, finish, received, first_token_at):
-            stamp = req["stamp"]
-            if stamp[1] is None and output:
-                stamp[1] = time.time()
-            if finish is not None:
-                stamp[2] = time.time()
-            return super()._chunk(req, output, cached, finish, received, first_token_at)
-
-        def _finish(self, req, output, final):
-            pass
-
-        async def _handle_stamps(self, request):
-            return web.json_response(self.stamps)
-
-        def _build_app(self):
-            app = super()._build_app()
-            app.router.add_get("/load_stamps", self._handle_stamps)
-            return app
+def serve_engine(port: int, cfg: LoadConfig, reply_ids: list[int]) -> None:
+    """Serve the SGLang stand-in without a radix cache (the real one's bookkeeping would cost more
+    CPU than the sidecar under test), every reply the canned one, one step per ``token_delay``. It
+    keeps no records but each request's timings (arrival, first token, last token) for the
+    per-request latency split. Runs until SIGTERM/SIGINT."""
+    from sidecar_tools.simulator.replies import scripted_responder
+    from sidecar_tools.simulator.standin import SGLangStandIn
 
     async def serve():
-        double = LoadDouble(responder=lambda ids, params: list(reply_ids), token_delay=token_delay,
-                            max_total_num_tokens=10_000_000, context_length=1_000_000)
-        await double.start(HOST, port)
-        print(f"READY {double.url}", flush=True)
+        engine = SGLangStandIn(responder=scripted_responder(reply_ids), token_delay=cfg.token_delay,
+                               disable_radix_cache=True, max_total_num_tokens=10_000_000, context_length=1_000_000,
+                               max_running_requests=cfg.sessions, record=False, record_timings=True)
+        await engine.start(HOST, port)
+        print(f"READY {engine.url}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        await double.stop()
+        await engine.stop()
 
-    if use_uvloop:
+    if cfg.uvloop:
         import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
@@ -243,10 +203,11 @@ async def _wait_http(url: str, proc: Proc, timeout: float = 90.0) -> None:
     raise RuntimeError(f"{proc.name} did not come up at {url}")
 
 
-def start_double(cfg: LoadConfig, reply_ids: list[int], cpus: list[int] | None) -> tuple[Proc, str]:
+def start_engine(cfg: LoadConfig, reply_ids: list[int], cpus: list[int] | None) -> tuple[Proc, str]:
     port = _free_port()
-    code = f"from sidecar_tools.benchmarks.load_test import _double_main; _double_main({port}, {cfg.token_delay!r}, {reply_ids!r}, {cfg.uvloop!r})"
-    return Proc("double", [sys.executable, "-c", code], cpus), f"http://{HOST}:{port}"
+    code = ("from sidecar_tools.benchmarks.load_test import LoadConfig, serve_engine; "
+            f"serve_engine({port}, LoadConfig(**{asdict(cfg)!r}), {reply_ids!r})")
+    return Proc("engine", [sys.executable, "-c", code], cpus), f"http://{HOST}:{port}"
 
 
 def start_sidecar(cfg: LoadConfig, engine_url: str, tokenizer_dir: str, cpus: list[int] | None) -> tuple[Proc, str]:
@@ -347,7 +308,7 @@ class Agents:
             else:
                 # the ids as JSON text, extended per turn as the sidecar keeps them: re-encoding the
                 # whole history every turn made this client the busiest process on the CPU it shares
-                # with the double (twice the sidecar-mode client's CPU), which slowed the baseline
+                # with the engine (twice the sidecar-mode client's CPU), which slowed the baseline
                 history = IdText(self.work.system_ids)
             for k in range(self.cfg.turns):
                 if time.monotonic() >= self.deadline:
@@ -528,7 +489,7 @@ def summarize_phase(cfg: LoadConfig, turns: list[Turn], stamps: dict[str, list],
         "sessions_started": len({t.session for t in turns}),
         "continued_turns": _continued(ok),
     }
-    for name in ("sidecar", "double", "client"):
+    for name in ("sidecar", "engine", "client"):
         cpu = [row[f"{name}_cpu"] for row in series if f"{name}_cpu" in row]
         rss = [row[f"{name}_rss_mb"] for row in series if f"{name}_rss_mb" in row]
         if cpu:
@@ -591,7 +552,7 @@ def _le(x, bound):
 
 async def _stamps(url: str) -> dict[str, list]:
     async with aiohttp.ClientSession() as http:
-        async with http.get(url + "/load_stamps", timeout=aiohttp.ClientTimeout(total=60)) as resp:
+        async with http.get(url + TIMINGS_PATH, timeout=aiohttp.ClientTimeout(total=60)) as resp:
             return await resp.json()
 
 
@@ -605,10 +566,10 @@ async def run_phase(cfg: LoadConfig, work: Workload, mode: str, tokenizer_dir: s
         psutil.Process().cpu_affinity(other_cpus)
     procs: list[Proc] = []
     try:
-        double, engine_url = start_double(cfg, work.reply_ids, other_cpus)
-        procs.append(double)
-        await _wait_http(engine_url + "/health", double)
-        watched = {"double": double.ps, "client": psutil.Process()}
+        engine, engine_url = start_engine(cfg, work.reply_ids, other_cpus)
+        procs.append(engine)
+        await _wait_http(engine_url + "/health", engine)
+        watched = {"engine": engine.ps, "client": psutil.Process()}
         url = engine_url
         if mode == "sidecar":
             sidecar, url = start_sidecar(cfg, engine_url, tokenizer_dir, sidecar_cpus)
@@ -643,7 +604,7 @@ async def run_phase(cfg: LoadConfig, work: Workload, mode: str, tokenizer_dir: s
             summary["cpu_ms_per_turn"] = {k: round(v * 1000 / summary["turns_ok"], 3) for k, v in cpu_s.items()}
         if mode == "sidecar":
             summary["sidecar_sessions_remembered_at_end"] = sessions_left
-        summary["pinned_cpus"] = {"sidecar": sidecar_cpus, "double+client": other_cpus} if pinned else None
+        summary["pinned_cpus"] = {"sidecar": sidecar_cpus, "engine+client": other_cpus} if pinned else None
         log(f"[{mode}] {summary['turns_ok']} turns, {summary['errors']} errors, {summary['requests_per_s']} req/s, "
             f"TTFT p50 {summary['ttft_ms']['p50']} ms p99 {summary['ttft_ms']['p99']} ms")
         return {"summary": summary, "series": sampler.series}
@@ -693,9 +654,9 @@ def markdown(result: dict[str, Any], command: str) -> str:
         "",
         f"Command: `{command}`",
         "",
-        f"Machine: {m.get('cpus')} CPUs ({m.get('cpu_model')}), {m.get('memory_gb')} GB. The client, the SGLang double and "
+        f"Machine: {m.get('cpus')} CPUs ({m.get('cpu_model')}), {m.get('memory_gb')} GB. The client, the SGLang stand-in and "
         "the sidecar share these CPUs" + (f"; the sidecar pinned to CPU {s.get('pinned_cpus', {}).get('sidecar')}, "
-                                          f"double + client to {s.get('pinned_cpus', {}).get('double+client')}" if s.get("pinned_cpus") else "") + ".",
+                                          f"engine + client to {s.get('pinned_cpus', {}).get('engine+client')}" if s.get("pinned_cpus") else "") + ".",
         f"Workload: {cfg['turns']} turns a session, system prompt {cfg['system_tokens']} tokens, tool results "
         f"{cfg['tool_tokens']} tokens, reply = short text + one tool call streamed at {1 / cfg['token_delay']:.0f} tokens/s, "
         f"think time median {cfg['think']} s.",
@@ -712,7 +673,7 @@ def markdown(result: dict[str, Any], command: str) -> str:
                        ("engine-side TTFT ms p50 / p99", "engine_ttft_ms"), ("outside-engine TTFT ms p50 / p99", "outside_engine_ttft_ms"),
                        ("outside-engine turn ms p50 / p99", "outside_engine_turn_ms")):
         lines.append(f"| {label} | {d.get(key, {}).get('p50')} / {d.get(key, {}).get('p99')} | {s.get(key, {}).get('p50')} / {s.get(key, {}).get('p99')} |")
-    for name in ("sidecar", "double", "client"):
+    for name in ("sidecar", "engine", "client"):
         if f"{name}_cpu_pct" in s:
             lines.append(f"| {name} CPU % (steady mean / max) | {d.get(f'{name}_cpu_pct', {}).get('mean_steady', '-')} / "
                          f"{d.get(f'{name}_cpu_pct', {}).get('max', '-')} | {s[f'{name}_cpu_pct']['mean_steady']} / {s[f'{name}_cpu_pct']['max']} |")
@@ -759,10 +720,10 @@ def markdown(result: dict[str, Any], command: str) -> str:
 @click.option("--name", default="load", show_default=True)
 @click.option("--profile", default=None, help="py-spy the sidecar during its phase into this speedscope file.")
 @click.option("--uvloop/--no-uvloop", "use_uvloop", default=False, show_default=True,
-              help="Run the sidecar and the double on uvloop (and the client too).")
+              help="Run the sidecar and the engine on uvloop (and the client too).")
 def main(sessions, duration, drain, ramp, token_delay, think, turns, system_tokens, tool_tokens, reply_pad_tokens, pin, mode,
          sidecar_args, tokenizer_dir, out_dir, name, profile, use_uvloop):
-    """Bounded loopback load test of the sidecar in front of the SGLang double."""
+    """Bounded loopback load test of the sidecar in front of the SGLang stand-in."""
     cfg = LoadConfig(sessions=sessions, duration=duration, drain=drain, ramp=ramp, token_delay=token_delay, think=think,
                      turns=turns, system_tokens=system_tokens, tool_tokens=tool_tokens, reply_pad_tokens=reply_pad_tokens,
                      pin=pin, sidecar_args=tuple(sidecar_args), profile=profile, uvloop=use_uvloop)

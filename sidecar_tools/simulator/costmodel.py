@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -65,11 +66,13 @@ class CostModel:
         return steps * first + self.decode_ctx_token_s * batch * steps * (steps - 1) / 2
 
     def decode_steps_to_reach(self, batch: int, context_sum: int, dt: float) -> int:
-        """Fewest decode steps (>= 1) whose total time is at least ``dt``."""
+        """Fewest decode steps (>= 1) whose total time is at least ``dt`` (free steps never get there)."""
         if dt <= 0:
             return 1
         t0 = self.decode_time(batch, context_sum)
         g = self.decode_ctx_token_s * batch
+        if t0 <= 0 and g <= 0:
+            return sys.maxsize
         if g <= 0:
             k = math.ceil(dt / t0)
         else:  # g/2 k^2 + (t0 - g/2) k - dt = 0
@@ -98,6 +101,12 @@ class CostModel:
         if unknown:
             raise ValueError(f"cost model: unknown coefficient(s) {unknown}; known: {sorted(names)}")
         return cls(**{k: float(v) for k, v in data.items()})
+
+    @classmethod
+    def paced(cls, step_s: float) -> CostModel:
+        """Every step, prefill or decode, takes ``step_s`` whatever its size (0 = no time at all):
+        a stand-in that streams one token per step at a chosen pace."""
+        return cls(step_s=step_s, prefill_token_s=0.0, decode_seq_s=0.0, decode_ctx_token_s=0.0)
 
     def replace(self, **changes: float) -> CostModel:
         return CostModel(**{**self.to_dict(), **changes})

@@ -62,6 +62,8 @@ class SimRequest:
     session_id: str | None = None
     ignore_eos: bool = True
     custom_params: dict[str, Any] | None = None
+    extra_key: str | None = None  # cache namespaces (RadixKey.extra_key / cache_salt): disjoint prefixes
+    cache_salt: str | None = None
     output_source: Callable[[int], list[int]] | None = None  # n -> the ids to emit
     on_update: Callable[[SimRequest], None] | None = None  # finished (and, with stream, new tokens)
     stream: bool = False  # call on_update after every step that added tokens
@@ -158,7 +160,8 @@ class SimEngine:
                                     custom_params=sim.custom_params)
         params.normalize(None)
         req = env.Req(rid=sim.rid, origin_input_text="", origin_input_ids=array("q", sim.input_ids),
-                      sampling_params=params, session_id=sim.session_id)
+                      sampling_params=params, session_id=sim.session_id, extra_key=sim.extra_key,
+                      cache_salt=sim.cache_salt)
         if self.session_radix_cache and sim.session_id:  # Scheduler._handle_generate_request
             req.session_generation = self.cache.ensure_session_generation(sim.session_id)
         sim.arrival_s = self.now

@@ -1,16 +1,15 @@
-"""What SGLang 0.5.23 accepts at /generate, for the two stand-ins that serve it.
+"""What SGLang 0.5.23 accepts at /generate, for the simulated server (``server.py``) that serves it.
 
 Two gates, in SGLang's order (``../shared/docs/sglang-0.5.23-internals.md``):
 
 * the schema, ``sglang.api.v1.GenerateRequest``: field types and the closed set of sampling keys.
   SGLang answers ``400 {"error": "<text>"}`` (a plain string) before anything else runs;
 * the semantic checks of the tokenizer manager and ``SamplingParams.verify`` that a server
-  launched with ``--skip-tokenizer-init`` makes afterwards: a prompt of ids, value ranges, and no
-  option that needs a tokenizer. Answered as an error object (in-stream when streaming).
+  launched with ``--skip-tokenizer-init`` makes afterwards: a prompt of ids, value ranges, no
+  option that needs a tokenizer, and the context length. Answered as an error object (in-stream
+  when streaming).
 
-``tests/sglang_double.py`` (the CI double) and ``simulator/server.py`` (the simulated engine)
-both call these, so what one refuses the other refuses too. What each stand-in does not emulate
-(batches, n > 1) each refuses itself. No sglang import, so the double stays sglang-free.
+What the simulator does not emulate (batches, n > 1) it refuses itself. No sglang import.
 """
 
 from __future__ import annotations
@@ -205,4 +204,23 @@ def _raise_if_tokenizer_required(p: dict) -> None:
         raise GenerateRequestError(
             f"min_new_tokens={min_new} is unavailable when skip_tokenizer_init=True "
             "(requires tokenizer for eos_token_id)."
+        )
+
+
+def check_lengths(input_ids: list, params: dict, context_length: int) -> None:
+    """``TokenizerManager._validate_one_request``: the prompt, and prompt + ``max_new_tokens``,
+    must fit the model's context length (no ``--allow-auto-truncate``)."""
+    n_in = len(input_ids)
+    if n_in >= context_length:
+        raise GenerateRequestError(
+            f"The input ({n_in} tokens) is longer than the model's context length ({context_length} tokens)."
+        )
+    max_new = params.get("max_new_tokens")
+    if max_new is not None and max_new + n_in > context_length:
+        raise GenerateRequestError(
+            "Requested token count exceeds the model's maximum context length "
+            f"of {context_length} tokens. You requested a total of {max_new + n_in} "
+            f"tokens: {n_in} tokens from the input messages and {max_new} tokens for "
+            "the completion. Please reduce the number of tokens in the input messages "
+            "or the completion to fit within the limit."
         )

@@ -1,24 +1,26 @@
-"""SGLang 0.5.23's HTTP routes, as one table for the two stand-ins that serve them.
+"""SGLang 0.5.23's HTTP routes, its ``--api-key`` rule and its SSE framing, as one table.
 
-``simulator/server.py`` (the simulated engine behind ``simulate --serve``) and
-``tests/sglang_double.py`` (the CI double with fault injection) answer the same contract
-(``../shared/docs/sglang-0.5.23-internals.md``); one route table keeps their paths and methods
-from drifting apart. No sglang import, so the double stays sglang-free.
+``simulator/server.py`` answers this contract (``../shared/docs/sglang-0.5.23-internals.md``) for
+``simulate --serve`` and for the tests' stand-in (``simulator/standin.py``); clients' tests read
+its streams with ``parse_sse``. No sglang import.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from aiohttp import web
 
 # SGLang accepts large bodies (a 200K-token history of ids is ~1.5 MB of JSON; batch requests more).
 MAX_BODY_BYTES = 256 * 1024 * 1024
-
+# sglang/srt/utils/auth.py decide_request_auth: probes and scrapes never need the key
+OPEN_PATH_PREFIXES = ("/health", "/ready", "/metrics")
 
 
 class SGLangRoutes(Protocol):
@@ -36,9 +38,9 @@ class SGLangRoutes(Protocol):
     async def handle_metrics(self, request: web.Request) -> web.StreamResponse: ...
 
 
-def sglang_app(routes: SGLangRoutes) -> web.Application:
+def sglang_app(routes: SGLangRoutes, middlewares: Sequence[Any] = ()) -> web.Application:
     """An aiohttp app routing SGLang's paths (and their aliases) to ``routes``."""
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=list(middlewares))
     app.router.add_route("POST", "/generate", routes.handle_generate)
     app.router.add_route("PUT", "/generate", routes.handle_generate)
     app.router.add_post("/abort_request", routes.handle_abort)
@@ -54,6 +56,33 @@ def sglang_app(routes: SGLangRoutes) -> web.Application:
     app.router.add_get("/v1/models", routes.handle_models)
     app.router.add_get("/metrics", routes.handle_metrics)
     return app
+
+
+def api_key_guard(api_key: str) -> Any:
+    """SGLang's ``--api-key``: every route but the health, readiness and metrics ones needs
+    ``Authorization: Bearer <key>``; otherwise ``401 {"error": "Unauthorized"}``."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.method != "OPTIONS" and not request.path.startswith(OPEN_PATH_PREFIXES):
+            scheme, _, token = (request.headers.get("Authorization") or "").partition(" ")
+            if scheme.lower() != "bearer" or not secrets.compare_digest(token, api_key):
+                return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    return guard
+
+
+def parse_sse(raw: str | bytes) -> list[Any]:
+    """An SSE body split into its decoded ``data:`` payloads; ``[DONE]`` stays a string."""
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    events: list[Any] = []
+    for block in text.split("\n\n"):
+        for line in block.splitlines():
+            if line.startswith("data: "):
+                data = line[len("data: "):]
+                events.append(data if data == "[DONE]" else json.loads(data))
+    return events
 
 
 @contextlib.contextmanager

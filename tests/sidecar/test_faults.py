@@ -19,7 +19,9 @@ from contextlib import contextmanager
 
 import aiohttp
 import pytest
-from sglang_double import IM_END_ID, parse_sse, scripted_responder
+
+from sidecar_tools.simulator.http_contract import parse_sse
+from sidecar_tools.simulator.replies import IM_END_ID, scripted_responder
 
 from sidecar.server import keys
 from sidecar.server.app import create_app

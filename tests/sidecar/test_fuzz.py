@@ -26,9 +26,12 @@ import pytest
 from aiohttp import web
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from sglang_double import IM_END_ID, QWEN3_VOCAB_SIZE, SGLangDouble, parse_sse
 
+from sidecar_tools.simulator.generate_request import VOCAB_SIZE as QWEN3_VOCAB_SIZE
 from sidecar_tools.simulator.generate_request import check_schema
+from sidecar_tools.simulator.http_contract import parse_sse
+from sidecar_tools.simulator.replies import IM_END_ID
+from sidecar_tools.simulator.standin import SGLangStandIn
 
 from sidecar.server import keys
 from sidecar.server.app import create_app
@@ -70,8 +73,9 @@ class Stack:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     async def _start(self, tokenizer_dir, tokenizer):
-        # Room for every session the fuzzer opens: admission (on, below) must never make one wait.
-        self.double = SGLangDouble(max_total_num_tokens=100_000_000)
+        # Room for every session the fuzzer opens: admission (on, below) must never make one wait,
+        # so /server_info reports a pool far larger than the engine's (which evicts as it must).
+        self.double = SGLangStandIn(server_info_overrides={"max_total_num_tokens": 100_000_000})
         self.reply_ids = tokenizer.encode("fine", add_special_tokens=False) + [IM_END_ID]
         self.double.responder = lambda ids, params: list(self.reply_ids)
         await self.double.start()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sglang_double import IM_END_ID, scripted_responder
+
+from sidecar_tools.simulator.replies import IM_END_ID, scripted_responder
 
 from sidecar.server.app import create_app
 from sidecar.settings import load_settings
@@ -397,9 +398,9 @@ async def test_close_session_route_releases_in_sglang(sidecar):
 
 async def test_sidecar_waits_for_sglang_that_starts_later(aiohttp_client, qwen3_tokenizer_dir, qwen3_tokenizer, unused_tcp_port):
     """Started side by side, the sidecar learns SGLang's model and KV capacity once it is up."""
-    from sglang_double import SGLangDouble
+    from sidecar_tools.simulator.standin import SGLangStandIn
 
-    double = SGLangDouble(max_total_num_tokens=12345, served_model_name="late-model")
+    double = SGLangStandIn(max_total_num_tokens=12345, served_model_name="late-model")
     settings = load_settings(
         overrides={"server": {"sglang_url": f"http://127.0.0.1:{unused_tcp_port}", "tokenizer": str(qwen3_tokenizer_dir), "startup_wait": 10}}
     )

@@ -6,8 +6,9 @@ import json
 
 import pytest
 from openai import OpenAI
-from sglang_double import IM_END_ID
 from sidecar_thread import sidecar_in_thread
+
+from sidecar_tools.simulator.replies import IM_END_ID
 
 from sidecar.settings import load_settings
 

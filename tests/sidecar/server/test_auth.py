@@ -6,8 +6,9 @@ import asyncio
 import os
 
 import pytest
-from aiohttp import web
-from sglang_double import IM_END_ID, SGLangDouble, scripted_responder
+
+from sidecar_tools.simulator.replies import IM_END_ID, scripted_responder
+from sidecar_tools.simulator.standin import SGLangStandIn
 
 from sidecar.server import auth
 from sidecar.server.app import StartupError, create_app
@@ -245,35 +246,18 @@ def test_unusable_keys_file_refuses_to_start(tmp_path, content, fragment):
 # --------------------------------------------------------------------------- SGLang's own key
 
 
-class GuardedDouble(SGLangDouble):
-    """The double behind SGLang's --api-key: every route but /health and /metrics needs it."""
-
-    def __init__(self, key: str, **kwargs):
-        super().__init__(**kwargs)
-        self.key = key
-        self.seen_auth: list[tuple[str, str | None]] = []
-
-    def _build_app(self) -> web.Application:
-        app = super()._build_app()
-
-        @web.middleware
-        async def guard(request, handler):
-            header = request.headers.get("Authorization")
-            self.seen_auth.append((request.path, header))
-            if request.path not in ("/health", "/metrics") and header != f"Bearer {self.key}":
-                return web.json_response({"error": "Unauthorized"}, status=401)
-            return await handler(request)
-
-        app.middlewares.append(guard)
-        return app
-
-
 @pytest.fixture
 async def guarded_double():
-    double = GuardedDouble(ENGINE_KEY)
+    """The stand-in launched with SGLang's --api-key: every route but /health and /metrics needs it."""
+    double = SGLangStandIn(api_key=ENGINE_KEY)
     await double.start()
     yield double
     await double.stop()
+
+
+def seen_auth(double) -> list[tuple[str, str | None]]:
+    """(path, Authorization header) of every call the engine received."""
+    return [(path, header) for _, path, header in double.calls]
 
 
 async def test_sglang_api_key_is_sent_on_every_engine_call(make_sidecar, guarded_double, qwen3_tokenizer, sse):
@@ -291,14 +275,14 @@ async def test_sglang_api_key_is_sent_on_every_engine_call(make_sidecar, guarded
     await asyncio.sleep(0.05)
 
     assert guarded_double.aborts and guarded_double.closed_sessions  # both got through the guard
-    paths = {path for path, _ in guarded_double.seen_auth}
+    paths = {path for path, _ in seen_auth(guarded_double)}
     assert {"/server_info", "/generate", "/abort_request", "/close_session", "/health"} <= paths
     # Every call carried SGLang's key; the agent's own key never travels to the engine.
-    assert {header for _, header in guarded_double.seen_auth} == {f"Bearer {ENGINE_KEY}"}
+    assert {header for _, header in seen_auth(guarded_double)} == {f"Bearer {ENGINE_KEY}"}
 
 
 async def test_missing_sglang_key_is_a_clear_502(make_sidecar, guarded_double):
     client = await make_sidecar(double=guarded_double, api_keys_file=None)
     status, body = await _chat(client, HELLO, {})
     assert status == 502 and "--sglang-api-key" in body["error"]["message"]
-    assert all(header is None for _, header in guarded_double.seen_auth)
+    assert seen_auth(guarded_double) and all(header is None for _, header in seen_auth(guarded_double))

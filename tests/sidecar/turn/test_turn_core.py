@@ -7,7 +7,7 @@ import asyncio
 
 import aiohttp
 import pytest
-from sglang_double import IM_END_ID, scripted_responder
+from sidecar_tools.simulator.replies import IM_END_ID, scripted_responder
 
 from sidecar.engine.capacity import EngineCapacity
 from sidecar.engine.client import EngineClient

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sglang_double import IM_END_ID, scripted_responder
+
+from sidecar_tools.simulator.replies import IM_END_ID, scripted_responder
 
 from sidecar.server.app import create_app
 from sidecar.settings import load_settings

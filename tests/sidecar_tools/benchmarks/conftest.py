@@ -1,24 +1,39 @@
-"""Fixtures for the benchmark tests: a fake SGLang served by pytest-aiohttp."""
+"""Fixtures for the benchmark tests: the replay's OpenAI mode goes through the real sidecar.
+
+``/generate`` mode talks to the SGLang stand-in directly (``make_sglang_double`` of
+``tests/conftest.py``); ``/v1/chat/completions`` is what the sidecar serves, so OpenAI mode
+runs against a sidecar in front of the stand-in, which notes every chat body it received.
+"""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import json
 
 import pytest
+from aiohttp import web
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from fake_engine import FakeEngine  # noqa: E402
+from sidecar.server.app import create_app
+from sidecar.settings import load_settings
 
 
 @pytest.fixture
-def make_engine(aiohttp_server):
-    """``await make_engine(**FakeEngine kwargs)`` -> (engine, base_url)."""
+def make_sidecar_front(aiohttp_server, qwen3_tokenizer_dir, qwen3_tokenizer):
+    """``await make_sidecar_front(engine)`` -> (base URL of a sidecar in front of ``engine``,
+    the chat bodies it received, each with its request headers under ``"headers"``)."""
 
-    async def start(**kwargs):
-        engine = FakeEngine(**kwargs)
-        server = await aiohttp_server(engine.app)
-        return engine, str(server.make_url("")).rstrip("/")
+    async def start(engine):
+        received: list[dict] = []
+
+        @web.middleware
+        async def note_body(request, handler):
+            if request.path == "/v1/chat/completions":
+                received.append({**json.loads(await request.read()), "headers": dict(request.headers)})
+            return await handler(request)
+
+        settings = load_settings(overrides={"server": {"sglang_url": engine.url, "tokenizer": str(qwen3_tokenizer_dir)}})
+        app = create_app(settings, tokenizer=qwen3_tokenizer)
+        app.middlewares.append(note_body)
+        server = await aiohttp_server(app)
+        return str(server.make_url("")).rstrip("/"), received
 
     return start

@@ -1,4 +1,4 @@
-"""Replay against the project's SGLang double, which enforces SGLang 0.5.23's /generate contract."""
+"""Replay against the SGLang stand-in, which enforces SGLang 0.5.23's /generate contract."""
 
 from sidecar_tools.benchmarks.clients import ClientOptions
 from sidecar_tools.benchmarks.replay import replay
