@@ -18,6 +18,15 @@ class SidecarMetrics:
         self.completion_tokens = Counter("sidecar_completion_tokens", "Tokens generated", registry=r)
         self.sessions = Gauge("sidecar_sessions", "Sessions the sidecar remembers", registry=r)
         self.sessions_closed = Counter("sidecar_sessions_closed", "Sessions closed in SGLang and forgotten", ["reason"], registry=r)
+        self.engine_capacity = Gauge(
+            "sidecar_engine_capacity_tokens",
+            "KV tokens the engine holds, by tier (gpu: its KV pool; host: HiCache's host tier); 0 = unknown or none",
+            ["tier"],
+            registry=r,
+        )
+        self.engine_info_known = Gauge(
+            "sidecar_engine_info_known", "1 once SGLang told its capacity and limits (new sessions wait for it)", registry=r
+        )
         self.latency = Histogram(
             "sidecar_request_seconds",
             "Time from request to last byte, by route",

@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sidecar.engine.capacity import EngineCapacity
 from sidecar.engine.client import EngineClient
 from sidecar.engine.generate import after_turn_body
 from sidecar.engine.lease import LeaseRequest
+from sidecar.errors import engine_error
 
 
 @dataclass(eq=False)
@@ -23,6 +25,17 @@ class Worker:
 
     client: EngineClient
     capacity: EngineCapacity
+
+    async def read_info(self) -> dict[str, Any]:
+        """The worker's /server_info (what it holds, its model, its limits); APIError when it does
+        not answer with one."""
+        try:
+            info = await self.client.server_info()
+        except ValueError:
+            info = None
+        if not isinstance(info, dict):
+            raise engine_error("SGLang's /server_info did not answer a JSON object")
+        return info
 
     def release(self, session_id: str) -> None:
         """End the session's lease on this worker, in the background (best effort: the plugin's

@@ -24,7 +24,7 @@ from sidecar.server import keys, routes
 from sidecar.server.auth import AuthConfigError, auth_middleware, build_key_store
 from sidecar.server.middleware import error_middleware, metrics_middleware
 from sidecar.settings import SidecarSettings
-from sidecar.turn.core import build_core
+from sidecar.turn.core import build_core, engine_model_name
 
 log = logging.getLogger("sidecar")
 
@@ -121,7 +121,7 @@ def configure(app: web.Application, engine: EngineClient, tokenizer, info: dict[
     settings = app[keys.SETTINGS]
     metrics = app[keys.METRICS]
     workers = Workers([Worker(engine, EngineCapacity.from_server_info(info))])
-    model_name = settings.server.model_name or info.get("served_model_name") or info.get("model_path") or "default"
+    model_name = settings.server.model_name or engine_model_name(info)
     try:
         core = build_core(settings, tokenizer, workers, metrics, model_name)
     except ValueError as exc:
@@ -134,8 +134,11 @@ def configure(app: web.Application, engine: EngineClient, tokenizer, info: dict[
     app[keys.TURNS] = core
 
 
+ENGINE_INFO_EVERY_S = 5.0  # how often SGLang's /server_info is read again (a restart may change it)
+
+
 async def _lifecycle_context(app: web.Application) -> AsyncIterator[None]:
-    async def loop() -> None:
+    async def sessions() -> None:
         while True:
             await asyncio.sleep(1.0)
             try:
@@ -143,10 +146,21 @@ async def _lifecycle_context(app: web.Application) -> AsyncIterator[None]:
             except Exception:  # noqa: BLE001 - housekeeping must never die
                 log.exception("session lifecycle pass failed")
 
-    task = asyncio.create_task(loop())
+    async def engine_info() -> None:
+        while True:
+            unknown = any(not w.capacity.known for w in app[keys.WORKERS])
+            await asyncio.sleep(1.0 if unknown else ENGINE_INFO_EVERY_S)
+            try:
+                await app[keys.TURNS].refresh_engine_info()
+            except Exception:  # noqa: BLE001 - housekeeping must never die
+                log.exception("engine info refresh failed")
+
+    tasks = [asyncio.create_task(sessions()), asyncio.create_task(engine_info())]
     yield
-    task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        pass
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass

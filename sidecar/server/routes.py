@@ -47,8 +47,18 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    up = await request.app[keys.WORKERS].healthy()
-    body = {"status": "ok" if up else "engine_unavailable", "sglang": up, "sessions": len(request.app[keys.SESSIONS])}
+    workers = request.app[keys.WORKERS]
+    up = await workers.healthy()
+    capacity = [
+        {"gpu_tokens": w.capacity.max_total_num_tokens, "host_tokens": w.capacity.host_tokens, "plugin": w.capacity.plugin}
+        for w in workers
+    ]
+    body = {
+        "status": "ok" if up else "engine_unavailable",
+        "sglang": up,
+        "sessions": len(request.app[keys.SESSIONS]),
+        "capacity": capacity[0] if len(capacity) == 1 else capacity,
+    }
     return web.json_response(body, status=200 if up else 503)
 
 

@@ -6,6 +6,8 @@ failed, aborted or rejected request never changes what the next turn continues f
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from typing import AsyncIterator
 
@@ -14,7 +16,8 @@ from sidecar.conversation.fingerprint import extend_fingerprint, reply_message
 from sidecar.conversation.store import Resolution, Session, SessionStore, TurnState, check_session_id
 from sidecar.engine.generate import generate_request, sampling_params
 from sidecar.engine.lease import LeaseRequest
-from sidecar.engine.worker import Workers
+from sidecar.engine.capacity import EngineCapacity
+from sidecar.engine.worker import Worker, Workers
 from sidecar.errors import APIError, invalid_request
 from sidecar.generation.relay import Generation, GenerationResult
 from sidecar.generation.tool_parsers import Event, get_tool_parser
@@ -23,6 +26,8 @@ from sidecar.metrics import SidecarMetrics
 from sidecar.policy import AdmissionRejected, SessionPolicy, TurnEnd, build_policy
 from sidecar.settings import ServerSettings, SidecarSettings
 from sidecar.turn.request import TurnRequest
+
+log = logging.getLogger("sidecar")
 
 
 class TurnCore:
@@ -45,9 +50,77 @@ class TurnCore:
         self.workers = workers
         self.metrics = metrics
         self.model_name = model_name  # what the doors call the model
+        self._model_fixed = settings.model_name is not None  # --model-name wins over SGLang's
+        self._refreshing: asyncio.Task | None = None
+        self._info_errors: dict[Worker, APIError] = {}  # why a worker's last /server_info failed
+        for worker in workers:
+            self._show_capacity(worker.capacity)
 
     def turn(self, request: TurnRequest) -> Turn:
         return Turn(self, request)
+
+    # ---------------------------------------------------------------- engine info
+    async def refresh_engine_info(self) -> None:
+        """Ask every worker (again) what it holds, its model and limits. Until a worker has told
+        its capacity it admits no new session (503), so protections never lapse because SGLang
+        started after the sidecar; a restarted SGLang (new startup time) is read afresh. One
+        refresh at a time: concurrent callers wait for the same one."""
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self._refresh())
+        await asyncio.shield(self._refreshing)
+
+    async def _refresh(self) -> None:
+        for worker in self.workers:
+            try:
+                self.engine_info(worker, await worker.read_info())
+                self._info_errors.pop(worker, None)
+            except APIError as exc:
+                self._info_errors[worker] = exc
+
+    async def require_engine_info(self, worker: Worker) -> None:
+        """Return once ``worker`` has told its capacity (asking it now if it has not); else the
+        503 that keeps new sessions out, or the error SGLang answered with (e.g. its API key)."""
+        if worker.capacity.known:
+            return
+        await self.refresh_engine_info()
+        if worker.capacity.known:
+            return
+        error = self._info_errors.get(worker)
+        if error is not None and error.status != 503:
+            raise error
+        raise APIError(
+            503,
+            "SGLang has not told its KV capacity yet (is it up?); no session is admitted without it",
+            type="engine_unavailable",
+            code="engine_info_unknown",
+            headers={"Retry-After": "2"},
+        )
+
+    def engine_info(self, worker: Worker, info: dict) -> None:
+        """What ``worker``'s /server_info says, taken into account."""
+        capacity = EngineCapacity.from_server_info(info)
+        if not self._model_fixed:
+            self.model_name = engine_model_name(info, self.model_name)
+        if capacity == worker.capacity:
+            return
+        worker.capacity = capacity
+        self.policy.set_capacity(capacity)  # one worker today: the policy admits against it
+        self._show_capacity(capacity)
+        log.info(
+            "engine at %s: GPU KV %d tokens, host tier %d tokens, prompt limit %d, session_ttl plugin %s",
+            worker.client.base_url, capacity.max_total_num_tokens, capacity.host_tokens,
+            capacity.max_req_input_len, "on" if capacity.plugin else "off",
+        )
+
+    def _show_capacity(self, capacity: EngineCapacity) -> None:
+        self.metrics.engine_capacity.labels(tier="gpu").set(capacity.max_total_num_tokens)
+        self.metrics.engine_capacity.labels(tier="host").set(capacity.host_tokens)
+        self.metrics.engine_info_known.set(1 if capacity.known else 0)
+
+
+def engine_model_name(info: dict, default: str = "default") -> str:
+    """The model id SGLang serves, as its /server_info names it."""
+    return info.get("served_model_name") or info.get("model_path") or default
 
 
 def build_core(settings: SidecarSettings, tokenizer, workers: Workers, metrics: SidecarMetrics, model_name: str) -> TurnCore:
@@ -119,6 +192,7 @@ class Turn:
         if forced is not None:
             ids += renderer.encode(forced)
         worker = session.worker or core.workers.place(session.id)
+        await core.require_engine_info(worker)
         limit = core.settings.max_prompt_tokens or worker.capacity.max_req_input_len
         if limit and len(ids) > limit:
             raise invalid_request(

@@ -204,6 +204,17 @@ class SimEngine:
             self.cache.release_radix_session(session_id)
         self._hooks.close_session(None, self, self.env.CloseSessionReqInput(session_id=session_id))
 
+    def set_internal_state(self, server_args: dict[str, Any]) -> bool:
+        """SGLang /set_internal_state through the plugin's AROUND hook (its after-turn channel);
+        SGLang's own numeric knobs (pp_max_micro_batch_size, ...) are not simulated, so every
+        other key is refused, as SGLang refuses keys it does not know."""
+        env = self.env
+        recv = env.SetInternalStateReq(server_args=server_args)
+        controller = SimpleNamespace(scheduler=self)
+        result = self._hooks.set_internal_state(lambda *_a, **_k: env.SetInternalStateReqOutput(updated=False),
+                                                controller, recv)
+        return bool(getattr(result, "updated", False))
+
     def idle(self) -> bool:
         return not self.waiting and not self.running and self.chunked_req is None
 

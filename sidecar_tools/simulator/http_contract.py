@@ -36,6 +36,7 @@ class SGLangRoutes(Protocol):
     async def handle_flush_cache(self, request: web.Request) -> web.StreamResponse: ...
     async def handle_models(self, request: web.Request) -> web.StreamResponse: ...
     async def handle_metrics(self, request: web.Request) -> web.StreamResponse: ...
+    async def handle_set_internal_state(self, request: web.Request) -> web.StreamResponse: ...
 
 
 def sglang_app(routes: SGLangRoutes, middlewares: Sequence[Any] = ()) -> web.Application:
@@ -55,6 +56,8 @@ def sglang_app(routes: SGLangRoutes, middlewares: Sequence[Any] = ()) -> web.App
         app.router.add_route(method, "/flush_cache", routes.handle_flush_cache)
     app.router.add_get("/v1/models", routes.handle_models)
     app.router.add_get("/metrics", routes.handle_metrics)
+    for method in ("POST", "PUT"):
+        app.router.add_route(method, "/set_internal_state", routes.handle_set_internal_state)
     return app
 
 

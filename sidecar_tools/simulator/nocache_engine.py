@@ -67,6 +67,10 @@ class NoCacheEngine:
     def close_session(self, session_id: str) -> None:
         """Nothing is held for a session."""
 
+    def set_internal_state(self, server_args: dict) -> bool:
+        """No plugin and none of SGLang's knobs: every key is refused."""
+        return False
+
     def flush_cache(self) -> bool:
         return self.idle()
 

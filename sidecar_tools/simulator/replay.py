@@ -32,6 +32,9 @@ from sidecar_tools.benchmarks.traces import Session, Trace
 from sidecar_tools.simulator.engine import SimEngine, SimRequest
 from sglang_ext.wire import lease_params
 
+from sidecar.engine.generate import after_turn_body
+from sidecar.turn.core import worth_revising
+
 
 # --------------------------------------------------------------------------------------------
 # The sidecar's policy, in process
@@ -41,15 +44,20 @@ class SidecarLoop:
     """``sidecar.policy.build_policy`` on a session store, driven by virtual time (what
     ``sidecar/turn/core.py`` calls)."""
 
-    def __init__(self, settings: Any, kv_tokens: int, clock: Callable[[], float]):
+    def __init__(self, settings: Any, kv_tokens: int, clock: Callable[[], float], host_tokens: int = 0):
         from sidecar.conversation.store import SessionStore
         from sidecar.policy import EngineCapacity, build_policy
 
         self.settings = settings
-        self.policy = build_policy(settings, EngineCapacity(max_total_num_tokens=kv_tokens), clock=clock)
+        capacity = EngineCapacity(max_total_num_tokens=kv_tokens, host_tokens=host_tokens)
+        self.policy = build_policy(settings, capacity, clock=clock)
         self.sessions = SessionStore(self.policy, settings.server.max_sessions)
         self.clock = clock
         self.rejected = 0
+        self.sent: dict[str, Any] = {}  # session -> the lease its running request asked for
+        # the engine's /set_internal_state, where the session_ttl plugin runs (as the turn core
+        # sends the after-turn revision only to a worker with the plugin)
+        self.revise: Callable[[dict[str, float]], Any] | None = None
 
     @property
     def gate(self) -> Any:
@@ -74,18 +82,24 @@ class SidecarLoop:
     def poll_interval(self) -> float:
         return self.gate.settings.poll_interval
 
-    def start_turn(self, session_id: str, prompt_tokens: int) -> float | None:
-        """on_request + lease_ttl; the TTL to send (None = no lease)."""
+    def start_turn(self, session_id: str, prompt_tokens: int) -> dict[str, float] | None:
+        """on_request + lease_request; the custom_params to send (None = no lease)."""
         now = self.clock()
         self.sessions.get(session_id).inflight += 1
         self.policy.on_request(session_id, prompt_tokens, now)
-        return self.policy.lease_ttl(session_id, prompt_tokens, now)
+        lease = self.sent[session_id] = self.policy.lease_request(session_id, prompt_tokens, now)
+        return lease_params(lease.ttl_s, lease.expected_back_s, lease.spread_s) if lease is not None else None
 
     def end_turn(self, session_id: str, context_tokens: int, tool_names: list[str], ok: bool) -> None:
         from sidecar.policy import TurnEnd
 
         if ok:
-            self.policy.on_turn_end(TurnEnd(session_id, context_tokens, tool_names, self.clock()))
+            now = self.clock()
+            self.policy.on_turn_end(TurnEnd(session_id, context_tokens, tool_names, now))
+            revised = self.policy.after_turn(session_id, now)
+            if revised is not None and self.revise is not None and worth_revising(self.sent.get(session_id), revised):
+                self.revise(after_turn_body(session_id, revised)["server_args"])  # the plugin's channel
+                self.policy.lease_revised(session_id, revised, now)
         self.sessions.get(session_id).inflight -= 1
         self.policy.release_admission(session_id)
 
@@ -129,6 +143,8 @@ class VirtualReplay:
         self.max_concurrent = max_concurrent_sessions
         self.time_limit_s = time_limit_s
         self.sidecar = sidecar
+        if sidecar is not None and engine.mgr is not None:
+            sidecar.revise = engine.set_internal_state
         self.stop_on_error = stop_on_error
         self.records: list[TurnRecord] = []
         self._events: list[_Event] = []
@@ -210,7 +226,7 @@ class VirtualReplay:
         self.records.append(rec)
         ids = st.conv.ids + self.client.new_ids(st.conv, k, rnd)
         if self.sidecar is None:
-            self._submit(st, rec, ids, self.opts.lease_ttl_s)
+            self._submit(st, rec, ids, lease_params(self.opts.lease_ttl_s) if self.opts.lease_ttl_s is not None else None)
             return
         ok = self.sidecar.admit(sid, len(ids), k == 0,
                                 proceed=lambda: self._submit(st, rec, ids, self.sidecar.start_turn(sid, len(ids))))
@@ -221,11 +237,10 @@ class VirtualReplay:
         elif self.sidecar.waiting():
             self._schedule_poll()
 
-    def _submit(self, st: _SessionState, rec: TurnRecord, ids: list[int], ttl: float | None) -> None:
+    def _submit(self, st: _SessionState, rec: TurnRecord, ids: list[int], custom: dict[str, float] | None) -> None:
         session, k = st.session, st.k
         rnd = session.rounds[k]
         sid = self.client.session_id(session)
-        custom = lease_params(ttl) if ttl is not None else None
         sim = SimRequest(
             rid=f"sim-{next(self._rid)}", input_ids=ids, max_new_tokens=rnd.output_tokens,
             session_id=sid if self.opts.send_session_id else None, ignore_eos=True, custom_params=custom,

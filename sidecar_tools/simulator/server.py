@@ -142,6 +142,7 @@ class SimServer:
         self.aborts: list[dict[str, Any]] = []  # /abort_request bodies
         self.opened_sessions: list[dict[str, Any]] = []
         self.closed_sessions: list[dict[str, Any]] = []
+        self.internal_state_updates: list[dict[str, Any]] = []  # bodies of /set_internal_state
         self.flushes = 0
         self.client_disconnects: list[str] = []  # rids whose client hung up mid-stream
         self.calls: list[tuple[str, str, str | None]] = []  # (method, path, Authorization) of every call
@@ -578,6 +579,18 @@ class SimServer:
         self.engine.close_session(str(body["session_id"]))
         self._kick_engine()
         return web.Response(status=200)
+
+    async def handle_set_internal_state(self, request: web.Request) -> web.Response:
+        """SGLang's answer: one ``updated`` flag per DP rank; msgspec's refusal for a bad body."""
+        body = await _body(request)
+        self._keep(self.internal_state_updates, body)
+        args = body.get("server_args")
+        if not isinstance(args, dict):
+            return _json({"error": "Object missing required field `server_args`"}, 400)
+        for key, value in args.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                return _json({"error": f"Expected `int | float`, got `{type(value).__name__}` - at `$.server_args[{key!r}]`"}, 400)
+        return _json([self.engine.set_internal_state(args)], 200)
 
     async def handle_flush_cache(self, request: web.Request) -> web.Response:
         if self.record:

@@ -58,6 +58,8 @@ def setup() -> types.SimpleNamespace:
     env = types.SimpleNamespace(
         torch=torch,
         CloseSessionReqInput=io_struct.CloseSessionReqInput,
+        SetInternalStateReq=io_struct.SetInternalStateReq,
+        SetInternalStateReqOutput=io_struct.SetInternalStateReqOutput,
         TypeBasedDispatcher=TypeBasedDispatcher,
         Req=schedule_batch.Req,
         ScheduleBatch=schedule_batch.ScheduleBatch,
