@@ -71,6 +71,15 @@ async def stream_reply(
     """Stream the turn's events as ``frames`` render them; ``started`` is called once the first
     event was written."""
     response: web.StreamResponse | None = None
+    head: bytes | None = None
+
+    def opened() -> bytes:
+        """The head before the first event's frames are rendered (frames may be numbered)."""
+        nonlocal head
+        if head is None:
+            head = frames.opening()
+            return head
+        return b""
 
     async def send(data: bytes, last: bool = False) -> None:
         nonlocal response
@@ -78,7 +87,6 @@ async def stream_reply(
         if first:
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await response.prepare(request)
-            data = frames.opening() + data
         if last:
             await response.write_eof(data)  # one write: the data and the end of the chunked body
         else:
@@ -88,8 +96,8 @@ async def stream_reply(
 
     try:
         async for event in turn.events():
-            await send(frames.event(event))
-        await send(frames.closing(), last=True)
+            await send(opened() + frames.event(event))
+        await send(opened() + frames.closing(), last=True)
     except APIError as err:
         if response is None:
             raise

@@ -9,7 +9,6 @@ import json
 import anthropic
 import httpx
 import pytest
-from openai import OpenAI
 from sglang_double import IM_END_ID, scripted_responder
 from sidecar_thread import sidecar_in_thread
 from tool_agent import ANSWER, READ_FILE, file_contents, read_file_responder
@@ -115,32 +114,6 @@ def test_tool_use_round_trips_are_one_session_whose_cache_grows(agent, qwen3_tok
     for prev, cur, out in zip(double.requests, double.requests[1:], double.results):
         held = prev["input_ids"] + out["output_ids"]
         assert cur["input_ids"][: len(held)] == held  # token-exact continuation
-
-
-def test_a_history_is_recognised_whichever_door_carried_it(agent, qwen3_tokenizer):
-    """The first turn through chat completions, the next through /v1/messages: one session."""
-    client, double, url = agent
-    double.responder = read_file_responder(qwen3_tokenizer)
-    openai_client = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
-    first = openai_client.chat.completions.create(
-        model="any", messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Find the bug."}],
-        tools=[{"type": "function", "function": READ_FILE}],
-    )
-    call = first.choices[0].message.tool_calls[0]
-    reply = client.messages.create(model="any", system=SYSTEM, max_tokens=200, tools=TOOLS, messages=[
-        {"role": "user", "content": "Find the bug."},
-        {"role": "assistant", "content": [
-            {"type": "text", "text": first.choices[0].message.content or ""},
-            {"type": "tool_use", "id": call.id, "name": call.function.name, "input": json.loads(call.function.arguments)},
-        ]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": file_contents("src/f0.py")}]},
-    ])
-    assert reply.stop_reason == "tool_use"
-    a, b = double.requests
-    assert a["session_id"] == b["session_id"]
-    held = a["input_ids"] + double.results[0]["output_ids"]
-    assert b["input_ids"][: len(held)] == held
-    assert reply.usage.cache_read_input_tokens >= len(held) - 1
 
 
 def test_stop_sequences_and_tool_choice(agent, qwen3_tokenizer):
