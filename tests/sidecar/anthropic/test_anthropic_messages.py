@@ -9,34 +9,23 @@ import json
 import anthropic
 import httpx
 import pytest
-from sglang_double import IM_END_ID, scripted_responder
-from sidecar_thread import sidecar_in_thread
-from tool_agent import ANSWER, READ_FILE, file_contents, read_file_responder
-
-from sidecar.settings import load_settings
+from sglang_double import scripted_responder
+from tool_agent import ANSWER, READ_FILE, file_contents, ids, read_file_responder, says, serve_sidecar
 
 TOOLS = [{"name": READ_FILE["name"], "description": READ_FILE["description"], "input_schema": READ_FILE["parameters"]}]
 SYSTEM = "You are a careful coding agent."
 
 
-def _serve(double, tokenizer_dir, **server):
-    settings = load_settings(overrides={"server": {"sglang_url": double.url, "tokenizer": str(tokenizer_dir), **server}})
-    return sidecar_in_thread(settings)
-
-
 @pytest.fixture
 def agent(sglang_double_thread, qwen3_tokenizer_dir):
-    with _serve(sglang_double_thread, qwen3_tokenizer_dir) as url:
+    with serve_sidecar(sglang_double_thread, qwen3_tokenizer_dir) as url:
         yield anthropic.Anthropic(base_url=url, api_key="none", max_retries=0), sglang_double_thread, url
 
-
-def _ids(tokenizer, text):
-    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def test_plain_message_with_usage_and_sampling(agent, qwen3_tokenizer):
     client, double, _ = agent
-    double.responder = scripted_responder(_ids(qwen3_tokenizer, "Hello there!") + [IM_END_ID])
+    double.responder = says(qwen3_tokenizer, "Hello there!")
     # anthropic 2.x no longer names the sampling fields; clients that send them (Claude Code sends
     # temperature) still get them honoured
     msg = client.messages.create(
@@ -49,7 +38,7 @@ def test_plain_message_with_usage_and_sampling(agent, qwen3_tokenizer):
     sent = double.requests[0]
     # Anthropic's accounting: input + cache reads = the prompt the engine got
     assert msg.usage.input_tokens + msg.usage.cache_read_input_tokens == len(sent["input_ids"])
-    assert msg.usage.output_tokens == len(_ids(qwen3_tokenizer, "Hello there!")) + 1
+    assert msg.usage.output_tokens == len(ids(qwen3_tokenizer, "Hello there!")) + 1
     assert qwen3_tokenizer.decode(sent["input_ids"]).startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\nhi")
     params = sent["sampling_params"]
     assert (params["max_new_tokens"], params["temperature"], params["top_p"], params["top_k"]) == (20, 0.5, 0.9, 40)
@@ -118,30 +107,30 @@ def test_tool_use_round_trips_are_one_session_whose_cache_grows(agent, qwen3_tok
 
 def test_stop_sequences_and_tool_choice(agent, qwen3_tokenizer):
     client, double, _ = agent
-    double.responder = scripted_responder(_ids(qwen3_tokenizer, "abc END def") + [IM_END_ID])
+    double.responder = says(qwen3_tokenizer, "abc END def")
     msg = client.messages.create(model="any", max_tokens=20, stop_sequences=["END"], messages=[{"role": "user", "content": "x"}])
     assert msg.content[0].text == "abc " and msg.stop_reason == "stop_sequence" and msg.stop_sequence == "END"
 
     ask = dict(model="any", max_tokens=50, tools=TOOLS, messages=[{"role": "user", "content": "y"}])
-    double.responder = scripted_responder(_ids(qwen3_tokenizer, '{"path": "src/a.py"}}\n</tool_call>') + [IM_END_ID])
+    double.responder = says(qwen3_tokenizer, '{"path": "src/a.py"}}\n</tool_call>')
     msg = client.messages.create(**ask, tool_choice={"type": "tool", "name": "read_file"})
     assert qwen3_tokenizer.decode(double.requests[-1]["input_ids"]).endswith('<tool_call>\n{"name": "read_file", "arguments": ')
     assert msg.stop_reason == "tool_use" and msg.content[0].input == {"path": "src/a.py"}
 
-    double.responder = scripted_responder(_ids(qwen3_tokenizer, '{"name": "read_file", "arguments": {"path": "b"}}\n</tool_call>') + [IM_END_ID])
+    double.responder = says(qwen3_tokenizer, '{"name": "read_file", "arguments": {"path": "b"}}\n</tool_call>')
     msg = client.messages.create(**ask, tool_choice={"type": "any"})
     assert qwen3_tokenizer.decode(double.requests[-1]["input_ids"]).endswith("<tool_call>\n")
     assert msg.content[0].name == "read_file"
 
     text = '<tool_call>\n{"name": "read_file", "arguments": {"path": "c"}}\n</tool_call>'
-    double.responder = scripted_responder(_ids(qwen3_tokenizer, text) + [IM_END_ID])
+    double.responder = says(qwen3_tokenizer, text)
     msg = client.messages.create(**ask, tool_choice={"type": "none"})
     assert msg.stop_reason == "end_turn" and msg.content[0].text == text  # no call parsed
 
 
 def test_count_tokens_is_the_prompt_a_new_session_sends(agent, qwen3_tokenizer):
     client, double, _ = agent
-    double.responder = scripted_responder(_ids(qwen3_tokenizer, "ok") + [IM_END_ID])
+    double.responder = says(qwen3_tokenizer, "ok")
     ask = dict(model="any", system=SYSTEM, tools=TOOLS, messages=[{"role": "user", "content": "count me"}])
     counted = client.messages.count_tokens(**ask)
     client.messages.create(max_tokens=5, **ask)
@@ -165,7 +154,7 @@ BAD_TURNS = {
 @pytest.mark.parametrize("case", sorted(BAD_TURNS))
 def test_bad_input_is_a_400_in_anthropics_envelope_and_the_session_goes_on(agent, qwen3_tokenizer, case):
     client, double, url = agent
-    double.responder = scripted_responder(_ids(qwen3_tokenizer, "first") + [IM_END_ID], _ids(qwen3_tokenizer, "second") + [IM_END_ID])
+    double.responder = says(qwen3_tokenizer, "first", "second")
     messages = [{"role": "user", "content": "start"}]
     first = client.messages.create(model="any", max_tokens=20, messages=messages)
     messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]})
@@ -214,7 +203,7 @@ def test_engine_failures_keep_anthropics_envelope(agent, qwen3_tokenizer):
     assert info.value.status_code == 503 and info.value.body["error"]["type"] == "overloaded_error"
 
     double.faults.drop_next, double.faults.drop_after_tokens = 1, 3
-    double.responder = scripted_responder(_ids(qwen3_tokenizer, " a b c d e f g h"))
+    double.responder = scripted_responder(ids(qwen3_tokenizer, " a b c d e f g h"))
     with pytest.raises(anthropic.APIStatusError) as info:  # raised by the SDK on Anthropic's `event: error`
         for _ in client.messages.create(**ask, stream=True):
             pass
@@ -223,9 +212,9 @@ def test_engine_failures_keep_anthropics_envelope(agent, qwen3_tokenizer):
 
 def test_api_keys_through_x_api_key_or_bearer(sglang_double_thread, qwen3_tokenizer_dir, qwen3_tokenizer):
     double = sglang_double_thread
-    double.responder = scripted_responder(_ids(qwen3_tokenizer, "ok") + [IM_END_ID])
+    double.responder = says(qwen3_tokenizer, "ok")
     ask = dict(model="any", max_tokens=5, messages=[{"role": "user", "content": "x"}])
-    with _serve(double, qwen3_tokenizer_dir, api_key="sk-door") as url:
+    with serve_sidecar(double, qwen3_tokenizer_dir, api_key="sk-door") as url:
         assert anthropic.Anthropic(base_url=url, api_key="sk-door", max_retries=0).messages.create(**ask).content[0].text == "ok"
         assert anthropic.Anthropic(base_url=url, auth_token="sk-door", max_retries=0).messages.create(**ask).content[0].text == "ok"
         with pytest.raises(anthropic.AuthenticationError) as info:

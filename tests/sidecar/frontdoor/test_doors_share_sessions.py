@@ -8,10 +8,7 @@ import json
 
 import anthropic
 from openai import OpenAI
-from sidecar_thread import sidecar_in_thread
-from tool_agent import READ_FILE, file_contents, read_file_responder
-
-from sidecar.settings import load_settings
+from tool_agent import READ_FILE, file_contents, read_file_responder, serve_sidecar
 
 SYSTEM = "You are a careful coding agent."
 
@@ -19,8 +16,7 @@ SYSTEM = "You are a careful coding agent."
 def test_one_session_continues_token_exactly_across_all_three_doors(sglang_double_thread, qwen3_tokenizer_dir, qwen3_tokenizer):
     double = sglang_double_thread
     double.responder = read_file_responder(qwen3_tokenizer)
-    settings = load_settings(overrides={"server": {"sglang_url": double.url, "tokenizer": str(qwen3_tokenizer_dir)}})
-    with sidecar_in_thread(settings) as url:
+    with serve_sidecar(double, qwen3_tokenizer_dir) as url:
         chat = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
         messages = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0)
 

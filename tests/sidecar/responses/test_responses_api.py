@@ -10,11 +10,8 @@ import httpx
 import openai
 import pytest
 from openai import OpenAI
-from sglang_double import IM_END_ID, scripted_responder
-from sidecar_thread import sidecar_in_thread
-from tool_agent import ANSWER, READ_FILE, file_contents, read_file_responder
-
-from sidecar.settings import load_settings
+from sglang_double import scripted_responder
+from tool_agent import ANSWER, READ_FILE, file_contents, ids, read_file_responder, says, serve_sidecar
 
 TOOLS = [{"type": "function", **READ_FILE}]
 SYSTEM = "You are a careful coding agent."
@@ -22,19 +19,14 @@ SYSTEM = "You are a careful coding agent."
 
 @pytest.fixture
 def agent(sglang_double_thread, qwen3_tokenizer_dir):
-    double = sglang_double_thread
-    settings = load_settings(overrides={"server": {"sglang_url": double.url, "tokenizer": str(qwen3_tokenizer_dir)}})
-    with sidecar_in_thread(settings) as url:
-        yield OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0), double, url
+    with serve_sidecar(sglang_double_thread, qwen3_tokenizer_dir) as url:
+        yield OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0), sglang_double_thread, url
 
-
-def _ids(tokenizer, text):
-    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def test_plain_response_with_usage_and_sampling(agent, qwen3_tokenizer):
     client, double, _ = agent
-    double.responder = scripted_responder(_ids(qwen3_tokenizer, "Hello there!") + [IM_END_ID])
+    double.responder = says(qwen3_tokenizer, "Hello there!")
     resp = client.responses.create(
         model="any", instructions=SYSTEM, input="hi", max_output_tokens=20, temperature=0.5, top_p=0.9, store=False,
         metadata={"run": "7"},
@@ -46,7 +38,7 @@ def test_plain_response_with_usage_and_sampling(agent, qwen3_tokenizer):
     sent = double.requests[0]
     assert resp.usage.input_tokens == len(sent["input_ids"])
     assert resp.usage.input_tokens_details.cached_tokens >= 0
-    assert resp.usage.output_tokens == len(_ids(qwen3_tokenizer, "Hello there!")) + 1
+    assert resp.usage.output_tokens == len(ids(qwen3_tokenizer, "Hello there!")) + 1
     assert resp.usage.total_tokens == resp.usage.input_tokens + resp.usage.output_tokens
     assert resp.instructions == SYSTEM and resp.metadata == {"run": "7"} and resp.max_output_tokens == 20
     assert qwen3_tokenizer.decode(sent["input_ids"]).startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\nhi")
@@ -114,7 +106,7 @@ def test_function_call_round_trips_are_one_session_whose_cache_grows(agent, qwen
 
 def test_a_reply_cut_by_max_output_tokens_is_incomplete(agent, qwen3_tokenizer):
     client, double, _ = agent
-    double.responder = scripted_responder(_ids(qwen3_tokenizer, " one two three four five six seven"))
+    double.responder = scripted_responder(ids(qwen3_tokenizer, " one two three four five six seven"))
     resp = client.responses.create(model="any", input="count", max_output_tokens=3)
     assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"
     events = list(client.responses.create(model="any", input="count", max_output_tokens=3, stream=True))
@@ -137,7 +129,7 @@ REFUSED = [
 
 def test_bad_input_is_a_400_in_openais_envelope_and_the_session_goes_on(agent, qwen3_tokenizer):
     client, double, url = agent
-    double.responder = scripted_responder(_ids(qwen3_tokenizer, "first") + [IM_END_ID], _ids(qwen3_tokenizer, "second") + [IM_END_ID])
+    double.responder = says(qwen3_tokenizer, "first", "second")
     items: list = [{"role": "user", "content": "start"}]
     first = client.responses.create(model="any", input=items)
     items += [i.model_dump(exclude_none=True) for i in first.output]
@@ -161,7 +153,7 @@ def test_bad_input_is_a_400_in_openais_envelope_and_the_session_goes_on(agent, q
 def test_engine_failure_mid_stream_is_an_error_event_then_response_failed(agent, qwen3_tokenizer):
     client, double, _ = agent
     double.faults.drop_next, double.faults.drop_after_tokens = 1, 3
-    double.responder = scripted_responder(_ids(qwen3_tokenizer, " a b c d e f g h"))
+    double.responder = scripted_responder(ids(qwen3_tokenizer, " a b c d e f g h"))
     events = list(client.responses.create(model="any", input="x", stream=True))
     assert [e.type for e in events[-2:]] == ["error", "response.failed"]
     assert events[-2].code == "engine_unavailable" and events[-1].response.status == "failed"
