@@ -66,8 +66,9 @@ def _body_path(body: Any, err: dict[str, Any]) -> list[str]:
 
 def known_types(supported: Iterable[str], what: str, default: str | None = None) -> Callable[[Any], Any]:
     """A before-validator for a list of tagged objects (content blocks, input items): an object whose
-    ``type`` is not one of ``supported`` is refused by name, before pydantic tries each shape of the
-    union and reports all of them. ``default``: the type of an object that has none."""
+    ``type`` is not one of ``supported`` (or anything but an object) is refused by name, before
+    pydantic tries each shape of the union and reports all of them. ``default``: the type of an
+    object that has none."""
     allowed = tuple(supported)
     names = ", ".join(allowed)
 
@@ -75,7 +76,7 @@ def known_types(supported: Iterable[str], what: str, default: str | None = None)
         if isinstance(items, list):
             for i, item in enumerate(items):
                 if not isinstance(item, dict):
-                    continue  # pydantic says what it expected
+                    raise ValueError(f"{what} {i} must be an object with a type")
                 kind = item.get("type", default)
                 if kind not in allowed:
                     raise ValueError(f"{what} {i} has type {kind!r}; supported: {names}")
