@@ -190,29 +190,24 @@ def _canary_continues(http: httpx.Client, double, messages: list, held: list) ->
     assert double.requests[-1]["input_ids"][: len(held)] == held
 
 
-def test_fuzzed_messages_bodies(door):
+def _fuzz(door, path: str, bodies, check) -> None:
+    """Every fuzzed body answers as ``check`` demands; then nothing is in flight and the canary goes on."""
     http, double = door
     canary = _canary(http, double)
 
     @FUZZ
-    @given(body=st.one_of(anthropic_bodies, anthropic_conversations()))
+    @given(body=bodies)
     def fuzz(body):
-        check_messages_answer(_post(http, "/v1/messages", body))
+        check(_post(http, path, body))
 
     fuzz()
     check_nothing_in_flight(http)
     _canary_continues(http, double, *canary)
+
+
+def test_fuzzed_messages_bodies(door):
+    _fuzz(door, "/v1/messages", st.one_of(anthropic_bodies, anthropic_conversations()), check_messages_answer)
 
 
 def test_fuzzed_responses_bodies(door):
-    http, double = door
-    canary = _canary(http, double)
-
-    @FUZZ
-    @given(body=st.one_of(responses_bodies, responses_inputs()))
-    def fuzz(body):
-        check_responses_answer(_post(http, "/v1/responses", body))
-
-    fuzz()
-    check_nothing_in_flight(http)
-    _canary_continues(http, double, *canary)
+    _fuzz(door, "/v1/responses", st.one_of(responses_bodies, responses_inputs()), check_responses_answer)
