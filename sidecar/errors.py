@@ -2,7 +2,8 @@
 
 Every layer raises :class:`APIError`; the server's error middleware answers it in OpenAI's
 envelope (``{"error": {"message", "type", "param", "code"}}``), so clients that parse OpenAI's
-errors handle ours unchanged. No aiohttp here: any layer may import this module.
+errors handle ours unchanged (routes of another API answer in that API's envelope, built from the
+same fields). No aiohttp here: any layer may import this module.
 """
 
 from __future__ import annotations

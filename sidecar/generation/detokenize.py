@@ -113,6 +113,7 @@ class StopMatcher:
         self._stops = [s for s in (stop or []) if s]
         self._held = ""
         self._stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     @property
     def stopped(self) -> bool:
@@ -125,15 +126,16 @@ class StopMatcher:
         if not self._stops:
             return text_delta, False
         buf = self._held + text_delta
-        hit: tuple[int, int] | None = None  # (end, start) of the earliest-ending stop
+        hit: tuple[int, int, str] | None = None  # (end, start, stop) of the earliest-ending stop
         for s in self._stops:
             i = buf.find(s)
             if i >= 0:
-                cand = (i + len(s), i)
-                if hit is None or cand < hit:
+                cand = (i + len(s), i, s)
+                if hit is None or cand[:2] < hit[:2]:
                     hit = cand
         if hit is not None:
             self._stopped = True
+            self.matched = hit[2]
             self._held = ""
             return buf[: hit[1]], True
         keep = _longest_prefix_suffix(buf, self._stops)

@@ -29,6 +29,7 @@ class GenerationResult:
     output_ids: list[int] = field(default_factory=list)
     end_id: int | None = None  # stop token that ended the reply, if any
     finish_reason: str = "stop"  # stop | length | tool_calls
+    stop_sequence: str | None = None  # the stop string that ended the reply, if one did
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -116,6 +117,8 @@ class Generation:
                 yield result.add(event)
         for event in self.parser.finish():
             yield result.add(event)
+        if self.stop is not None:
+            result.stop_sequence = self.stop.matched
         if result.tool_calls and result.finish_reason == "stop":
             result.finish_reason = "tool_calls"
         self.finished = True

@@ -8,19 +8,19 @@ same for every front door.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
 
 from aiohttp import web
 
 from sidecar.engine.generate import Sampling
 from sidecar.errors import APIError
+from sidecar.frontdoor.stream import serve_turn
+from sidecar.generation.tool_parsers import Event
 from sidecar.openai import shapes
 from sidecar.openai.shapes import event_delta
 from sidecar.openai.schema import ChatCompletionRequest, NamedToolChoice, parse_chat_request
 from sidecar.turn.core import Turn, TurnCore
 from sidecar.turn.request import TurnRequest
-
-_DISCONNECTS = (ConnectionResetError, ConnectionError)
 
 
 def turn_request(req: ChatCompletionRequest, session_id: str | None, scope: str) -> TurnRequest:
@@ -58,19 +58,12 @@ async def handle(request: web.Request, raw: bytes, core: TurnCore, scope: str) -
     session_id = request.headers.get("X-Session-Id") or req.session_id or req.user
     stream = req.stream
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    # The parsed history (hundreds of objects per request) is not needed while the reply
-    # streams, so it is not carried through the garbage collector's generations. It is freed
-    # once the reply started, so that freeing it is not on the request's way to SGLang.
     parsed: list[Any] = [req, turn_request(req, session_id, scope)]
     del req
-    try:
-        async with core.turn(parsed[1]) as turn:
-            if stream:
-                return await stream_reply(request, turn, core.model_name, include_usage, started=parsed.clear)
-            parsed.clear()
-            return await full_reply(turn, core.model_name)
-    except _StreamAlreadyAnswered as done:
-        return done.response
+    model = core.model_name
+    return await serve_turn(
+        request, core, parsed, stream, lambda turn: ChatStream(turn, model, include_usage), lambda turn: full_reply(turn, model)
+    )
 
 
 async def full_reply(turn: Turn, model: str) -> web.Response:
@@ -81,56 +74,27 @@ async def full_reply(turn: Turn, model: str) -> web.Response:
     return web.json_response(body)
 
 
-async def stream_reply(
-    request: web.Request, turn: Turn, model: str, include_usage: bool, started: Callable[[], None] | None = None
-) -> web.StreamResponse:
-    """SSE exactly as OpenAI frames it; headers go out with the first event, so an engine failure
-    before any output is still a plain HTTP error with its status code. ``started`` is called
-    once that first event was written."""
-    frames = shapes.ChunkFrames(shapes.completion_id(), model, int(time.time()), include_usage)
-    response: web.StreamResponse | None = None
+class ChatStream:
+    """SSE exactly as OpenAI frames it: a role delta first, a chunk per event, the finish chunk,
+    usage when asked for, ``[DONE]``; an in-stream error in OpenAI's envelope."""
 
-    async def send(data: bytes, last: bool = False) -> None:
-        nonlocal response
-        first = response is None
-        if first:
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-            await response.prepare(request)
-            data = frames.delta(shapes.ROLE_DELTA) + data
-        if last:
-            await response.write_eof(data)  # one write: the data and the end of the chunked body
-        else:
-            await response.write(data)
-        if first and started is not None:
-            started()
+    def __init__(self, turn: Turn, model: str, include_usage: bool):
+        self.turn = turn
+        self.include_usage = include_usage
+        self.frames = shapes.ChunkFrames(shapes.completion_id(), model, int(time.time()), include_usage)
 
-    try:
-        async for event in turn.events():
-            await send(frames.delta(event_delta(event)))
-        result = turn.result
-        tail = frames.delta({}, result.finish_reason)
-        if include_usage:
-            tail += frames.usage(shapes.usage(result))
-        await send(tail + shapes.DONE, last=True)
-    except APIError as err:
-        if response is None:
-            raise
-        await _write_quietly(response, shapes.error_frames(err))
-        raise _StreamAlreadyAnswered(response) from err
-    return response
+    def opening(self) -> bytes:
+        return self.frames.delta(shapes.ROLE_DELTA)
 
+    def event(self, event: Event) -> bytes:
+        return self.frames.delta(event_delta(event))
 
-class _StreamAlreadyAnswered(Exception):
-    """A failure after the SSE headers went out: the error was sent in-stream; nothing to record."""
+    def closing(self) -> bytes:
+        result = self.turn.result
+        tail = self.frames.delta({}, result.finish_reason)
+        if self.include_usage:
+            tail += self.frames.usage(shapes.usage(result))
+        return tail + shapes.DONE
 
-    def __init__(self, response: web.StreamResponse):
-        super().__init__("stream failed after it started")
-        self.response = response
-
-
-async def _write_quietly(response: web.StreamResponse, data: bytes) -> None:
-    try:
-        await response.write(data)
-        await response.write_eof()
-    except _DISCONNECTS:
-        pass
+    def failure(self, err: APIError) -> bytes:
+        return shapes.error_frames(err)

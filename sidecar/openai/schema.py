@@ -8,12 +8,12 @@ ignored, as OpenAI-compatible servers commonly do).
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sidecar.errors import invalid_json, invalid_request
+from sidecar.frontdoor.body import parse_body
+from sidecar.frontdoor.messages import tool_call
 
 
 class TextPart(BaseModel):
@@ -69,18 +69,8 @@ class Message(BaseModel):
         if self.reasoning_content is not None:
             out["reasoning_content"] = self.reasoning_content
         if self.tool_calls:
-            out["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": _json_or_str(c.function.arguments)}}
-                for c in self.tool_calls
-            ]
+            out["tool_calls"] = [tool_call(c.id, c.function.name, c.function.arguments) for c in self.tool_calls]
         return out
-
-
-def _json_or_str(arguments: str) -> Any:
-    try:
-        return json.loads(arguments)
-    except (TypeError, ValueError):
-        return arguments
 
 
 class FunctionDef(BaseModel):
@@ -186,17 +176,5 @@ class ChatCompletionRequest(BaseModel):
 
 
 def parse_chat_request(raw: bytes) -> ChatCompletionRequest:
-    """Parse and validate the raw body in one pass: pydantic-core's JSON parser builds the model
-    directly, without the intermediate dicts of ``json.loads``. It rejects malformed JSON, nesting
-    past its recursion limit and unpaired surrogate escapes itself; each becomes one 400."""
-    try:
-        return ChatCompletionRequest.model_validate_json(raw)
-    except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        if err["type"] == "json_invalid":
-            raise invalid_json(raw, err["msg"].removeprefix("Invalid JSON: ")) from None
-        if err["type"] == "model_type" and not err["loc"]:
-            raise invalid_request("request body must be a JSON object") from None
-        loc = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        raise invalid_request(f"{loc}: {msg}" if loc else msg, param=loc or None) from None
+    """The body as a ChatCompletionRequest, or one 400 naming the first offending field."""
+    return parse_body(ChatCompletionRequest, raw)

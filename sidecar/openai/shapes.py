@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 from sidecar.errors import APIError
+from sidecar.frontdoor.stream import UNICODE_JSON
 from sidecar.generation.relay import GenerationResult
 from sidecar.generation.tool_parsers import ContentDelta, Event, ToolCall, ToolCallArgumentsDelta, ToolCallStart
 
@@ -86,12 +87,8 @@ def usage_chunk(cid: str, model: str, created: int, usage: dict[str, Any]) -> di
     return _chunk_head(cid, model, created) | {"choices": [], "usage": usage}
 
 
-# json.dumps(x, ensure_ascii=False) builds a new encoder per call; a frame per token pays that
-_UNICODE_JSON = json.JSONEncoder(ensure_ascii=False)
-
-
 def sse_frame(payload: dict[str, Any]) -> bytes:
-    return b"data: " + _UNICODE_JSON.encode(payload).encode() + b"\n\n"
+    return b"data: " + UNICODE_JSON.encode(payload).encode() + b"\n\n"
 
 
 def error_frames(err: APIError) -> bytes:
@@ -123,8 +120,8 @@ class ChunkFrames:
         if self._parts is None:  # a model name holding a placeholder: serialize whole
             return sse_frame(chunk(*self._chunk_args, delta, finish_reason) | self._usage)
         head, middle, tail = self._parts
-        finish = b"null" if finish_reason is None else _UNICODE_JSON.encode(finish_reason).encode()
-        return head + _UNICODE_JSON.encode(delta).encode() + middle + finish + tail
+        finish = b"null" if finish_reason is None else UNICODE_JSON.encode(finish_reason).encode()
+        return head + UNICODE_JSON.encode(delta).encode() + middle + finish + tail
 
     def usage(self, usage: dict[str, Any]) -> bytes:
         return sse_frame(usage_chunk(*self._chunk_args, usage))

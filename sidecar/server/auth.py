@@ -1,8 +1,9 @@
 """Optional bearer-token auth, and the session scope each API key gets.
 
 With ``--api-key`` and/or ``--api-keys-file`` set, every route needs ``Authorization: Bearer KEY``
-except ``/health`` (probes), ``/metrics`` (unless ``--protect-metrics``) and ``GET /v1/sessions``
-(only when ``--no-protect-sessions``). A wrong or missing key is a 401 in OpenAI's envelope.
+(or ``x-api-key: KEY``, as Anthropic's clients send it) except ``/health`` (probes), ``/metrics``
+(unless ``--protect-metrics``) and ``GET /v1/sessions`` (only when ``--no-protect-sessions``). A
+wrong or missing key is a 401 in the route's error envelope.
 
 Each key is its own *scope*: a short hash of the key (never the key itself) that prefixes the ids
 of its sessions (:func:`sidecar.conversation.store.scoped_id`), so one client can never continue, list or
@@ -134,6 +135,16 @@ def bearer_token(request: web.Request) -> str | None:
     return token.strip()
 
 
+def request_token(request: web.Request) -> str | None:
+    """The key a request carries: ``Authorization: Bearer KEY`` (OpenAI's clients, Anthropic's with
+    an auth token), else ``x-api-key: KEY`` (Anthropic's clients with an API key)."""
+    token = bearer_token(request)
+    if token is None:
+        token = request.headers.get("x-api-key")
+        token = token.strip() if token is not None else None
+    return token
+
+
 def unauthorized(message: str) -> APIError:
     return APIError(
         401, message, type="invalid_request_error", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
@@ -159,12 +170,12 @@ def auth_middleware(store: KeyStore | None, server_settings):
     async def middleware(request: web.Request, handler):
         if store is None:
             return await handler(request)
-        token = bearer_token(request)
+        token = request_token(request)
         scope = store.scope_for(token) if token else None
         if token is not None and scope is None:
             raise unauthorized("invalid API key")
         if scope is None and not _open_route(request, server_settings):
-            raise unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+            raise unauthorized("missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')")
         request[SCOPE] = scope
         return await handler(request)
 

@@ -1,22 +1,35 @@
-"""The middlewares every route goes through: request metrics, and errors in OpenAI's envelope."""
+"""The middlewares every route goes through: request metrics, and errors in the envelope of the API
+the route speaks (Anthropic's under ``/v1/messages``, OpenAI's everywhere else)."""
 
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from aiohttp import web
 
+from sidecar.anthropic.shapes import error_body as anthropic_error_body
 from sidecar.errors import APIError, body_too_large, invalid_request
 from sidecar.server import keys
 
+ANTHROPIC_ROUTES = "/v1/messages"  # and the routes below it
 
-def error_response(err: APIError) -> web.Response:
-    return web.json_response(err.body(), status=err.status, headers=err.headers)
+
+def error_envelope(path: str) -> Callable[[APIError], dict]:
+    """How errors on ``path`` are shaped: as the API that route speaks shapes them."""
+    if path == ANTHROPIC_ROUTES or path.startswith(ANTHROPIC_ROUTES + "/"):
+        return anthropic_error_body
+    return APIError.body
 
 
 @web.middleware
 async def error_middleware(request: web.Request, handler):
-    """Turn APIError and aiohttp's own HTTP errors into the OpenAI envelope; never leak a traceback."""
+    """Turn APIError and aiohttp's own HTTP errors into the route's error envelope; never leak a traceback."""
+    envelope = error_envelope(request.path)
+
+    def error_response(err: APIError) -> web.Response:
+        return web.json_response(envelope(err), status=err.status, headers=err.headers)
+
     try:
         return await handler(request)
     except APIError as err:

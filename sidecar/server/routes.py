@@ -11,8 +11,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic_core import from_json
 
 from sidecar.conversation.store import scoped_id
+from sidecar.anthropic import messages as anthropic_messages
 from sidecar.errors import APIError, body_too_large, invalid_json
 from sidecar.openai import chat_completions as openai_chat
+from sidecar.responses import responses as openai_responses
 from sidecar.server import keys
 from sidecar.server.auth import request_scope
 
@@ -39,6 +41,21 @@ async def read_json_body(request: web.Request) -> Any:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     raw = await read_body(request)
     return await openai_chat.handle(request, raw, request.app[keys.TURNS], request_scope(request) or "")
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    raw = await read_body(request)
+    return await anthropic_messages.handle(request, raw, request.app[keys.TURNS], request_scope(request) or "")
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    raw = await read_body(request)
+    return await anthropic_messages.count_tokens(request, raw, request.app[keys.TURNS], request_scope(request) or "")
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    raw = await read_body(request)
+    return await openai_responses.handle(request, raw, request.app[keys.TURNS], request_scope(request) or "")
 
 
 async def models(request: web.Request) -> web.Response:

@@ -59,6 +59,17 @@ class TurnCore:
     def turn(self, request: TurnRequest) -> Turn:
         return Turn(self, request)
 
+    def check(self, request: TurnRequest) -> None:
+        """What any request must pass before its history is rendered (400 otherwise)."""
+        if len(request.messages) > self.settings.max_messages:
+            raise invalid_request(f"too many messages ({len(request.messages)} > {self.settings.max_messages})", param="messages")
+        self.renderer.check_template_kwargs(request.template_kwargs)
+
+    def count_tokens(self, request: TurnRequest) -> int:
+        """The request's prompt in tokens, rendered whole (what a new session would send)."""
+        self.check(request)
+        return len(self.renderer.render_full(request.messages, request.tools, request.template_kwargs))
+
     # ---------------------------------------------------------------- engine info
     async def refresh_engine_info(self) -> None:
         """Ask every worker (again) what it holds, its model and limits. Until a worker has told
@@ -167,10 +178,7 @@ class Turn:
     async def __aenter__(self) -> Turn:
         req, self._request = self._request, None
         core = self.core
-        settings = core.settings
-        if len(req.messages) > settings.max_messages:
-            raise invalid_request(f"too many messages ({len(req.messages)} > {settings.max_messages})", param="messages")
-        core.renderer.check_template_kwargs(req.template_kwargs)
+        core.check(req)
         explicit = check_session_id(req.session_id) if req.session_id is not None else None
         res = self.resolution = core.sessions.resolve(req.messages, explicit, req.scope)
         self._n_messages = len(req.messages)

@@ -1,4 +1,5 @@
-"""The two wire protocols the replay speaks: raw SGLang /generate and OpenAI /v1/chat/completions.
+"""The wire protocols the replay speaks: raw SGLang /generate, OpenAI /v1/chat/completions and
+Anthropic /v1/messages.
 
 A client keeps each session's conversation and turns one trace round into one streamed request,
 filling a TurnRecord. It never raises for HTTP or protocol errors: the turn is recorded as failed
@@ -169,7 +170,7 @@ def _merge_output_ids(acc: list[int], new: list[int]) -> list[int]:
 
 
 # --------------------------------------------------------------------------------------------
-# OpenAI /v1/chat/completions
+# an agent's conversation: OpenAI /v1/chat/completions, Anthropic /v1/messages
 
 
 TOOLS = [
@@ -183,6 +184,8 @@ TOOLS = [
             "path": {"type": "string"}, "old_str": {"type": "string"}, "new_str": {"type": "string"}},
             "required": ["command", "path"]}}},
 ]
+ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": t["function"]["description"],
+                    "input_schema": t["function"]["parameters"]} for t in TOOLS]
 
 
 @dataclass
@@ -191,10 +194,23 @@ class ChatConversation:
     messages: list[dict[str, Any]] = field(default_factory=list)
     history: int = 0  # prompt + completion tokens of the last successful turn
     last_call_ids: list[str] = field(default_factory=list)
+    system: str | None = None  # Anthropic: the system prompt rides beside the messages
 
 
-class OpenAIClient(BaseClient):
-    """Messages an agent would send: system, task, then assistant replies and tool results."""
+@dataclass
+class Reply:
+    """What a streamed reply carried so far (also when the stream failed midway)."""
+
+    text: list[str] = field(default_factory=list)
+    calls: dict[int, dict[str, str]] = field(default_factory=dict)  # index -> id, name, arguments (JSON text)
+
+    def call(self, index: int) -> dict[str, str]:
+        return self.calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+
+
+class AgentClient(BaseClient):
+    """Messages an agent would send: system, task, then assistant replies and tool results (in the
+    door's wire format: :meth:`round_messages`, :meth:`reply_message`, :meth:`exchange`)."""
 
     def __init__(self, *args: Any, text: TextSource | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -206,14 +222,54 @@ class OpenAIClient(BaseClient):
     def history_tokens(self, conv: ChatConversation) -> int:
         return conv.history
 
-    def new_messages(self, conv: ChatConversation, k: int, rnd: Round) -> list[dict[str, Any]]:
+    def round_texts(self, conv: ChatConversation, k: int, rnd: Round) -> tuple[str | None, str]:
+        """(the system prompt: round 0 with a shared prefix only, the round's own text)."""
         sid = self.session_id(conv.session)
         if k == 0:
             shared = min(self.trace.shared_prefix_tokens, rnd.append_tokens)
-            msgs = [{"role": "system", "content": self.text.text(f"{self.trace.name}/{self.opts.salt}/system", shared)}] \
-                if shared else []
-            return msgs + [{"role": "user", "content": self.text.text(f"{sid}/task", rnd.append_tokens - shared)}]
-        body = self.text.text(f"{sid}/r{k}", rnd.append_tokens)
+            system = self.text.text(f"{self.trace.name}/{self.opts.salt}/system", shared) if shared else None
+            return system, self.text.text(f"{sid}/task", rnd.append_tokens - shared)
+        return None, self.text.text(f"{sid}/r{k}", rnd.append_tokens)
+
+    def headers(self, conv: ChatConversation) -> dict[str, str]:
+        return {"X-Session-Id": self.session_id(conv.session)} if self.opts.send_session_id else {}
+
+    async def turn(self, conv: ChatConversation, k: int, rnd: Round, rec: TurnRecord) -> None:
+        conv.messages.extend(self.round_messages(conv, k, rnd))
+        reply = Reply()
+        rec.send_s = self.now()
+        try:
+            await self.exchange(conv, rnd, rec, reply)
+            rec.ok = True
+            conv.history = rec.prompt_tokens + rec.completion_tokens
+        except TurnFailed as e:
+            rec.error = str(e)
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as e:
+            rec.error = f"{type(e).__name__}: {e}"[:300]
+        rec.end_s = self.now()
+        if not rec.ok and not reply.text:  # keep the planned shape: the reply the trace planned
+            reply.text.append(self.text.text(f"{self.session_id(conv.session)}/o{k}", rnd.output_tokens))
+        conv.messages.append(self.reply_message(reply))
+        conv.last_call_ids = [c["id"] for c in (reply.calls[i] for i in sorted(reply.calls)) if c["id"]]
+
+    async def post_stream(self, path: str, body: dict[str, Any], conv: ChatConversation) -> AsyncIterator[Any]:
+        """The decoded SSE payloads of one streamed request (TurnFailed for an HTTP or in-stream error)."""
+        async with self.http.post(f"{self.url}{path}", json=body, headers=self.headers(conv), timeout=self.timeout()) as resp:
+            if resp.status != 200:
+                raise TurnFailed(f"http {resp.status}: {(await resp.text())[:200]}")
+            async for ev in sse_events(resp):
+                if isinstance(ev, dict) and "error" in ev:
+                    raise TurnFailed(f"stream error: {_error_text(ev)[:200]}")
+                yield ev
+
+
+class OpenAIClient(AgentClient):
+    """/v1/chat/completions: replies with their tool calls, results as role ``tool`` messages."""
+
+    def round_messages(self, conv: ChatConversation, k: int, rnd: Round) -> list[dict[str, Any]]:
+        system, body = self.round_texts(conv, k, rnd)
+        if k == 0:
+            return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": body}]
         if not conv.last_call_ids:
             return [{"role": "user", "content": body}]
         return [{"role": "tool", "tool_call_id": cid, "content": body if i == 0 else "ok"}
@@ -231,62 +287,106 @@ class OpenAIClient(BaseClient):
             body["session_id"] = self.session_id(conv.session)
         return body
 
-    async def turn(self, conv: ChatConversation, k: int, rnd: Round, rec: TurnRecord) -> None:
-        conv.messages.extend(self.new_messages(conv, k, rnd))
-        headers = {"X-Session-Id": self.session_id(conv.session)} if self.opts.send_session_id else {}
-        content: list[str] = []
-        calls: dict[int, dict[str, Any]] = {}
+    async def exchange(self, conv: ChatConversation, rnd: Round, rec: TurnRecord, reply: Reply) -> None:
         usage: dict[str, Any] = {}
-        rec.send_s = self.now()
-        try:
-            async with self.http.post(f"{self.url}/v1/chat/completions", json=self.body(conv, rnd),
-                                      headers=headers, timeout=self.timeout()) as resp:
-                if resp.status != 200:
-                    raise TurnFailed(f"http {resp.status}: {(await resp.text())[:200]}")
-                async for ev in sse_events(resp):
-                    if "error" in ev:
-                        raise TurnFailed(f"stream error: {_error_text(ev)[:200]}")
-                    usage = ev.get("usage") or usage
-                    for choice in ev.get("choices") or []:
-                        delta = choice.get("delta") or {}
-                        got = _collect_delta(delta, content, calls)
-                        if got and rec.ttft_s is None:
-                            rec.ttft_s = self.now() - rec.send_s
-            if not usage:
-                raise TurnFailed("no usage in stream (stream_options.include_usage unsupported?)")
-            rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            rec.completion_tokens = int(usage.get("completion_tokens") or 0)
-            rec.cached_tokens = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-            rec.ok = True
-            conv.history = rec.prompt_tokens + rec.completion_tokens
-        except TurnFailed as e:
-            rec.error = str(e)
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as e:
-            rec.error = f"{type(e).__name__}: {e}"[:300]
-        rec.end_s = self.now()
-        reply: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
-        if not rec.ok and not content:
-            reply["content"] = self.text.text(f"{self.session_id(conv.session)}/o{k}", rnd.output_tokens)
-        if calls:
-            reply["tool_calls"] = [calls[i] for i in sorted(calls)]
-        conv.messages.append(reply)
-        conv.last_call_ids = [c["id"] for c in reply.get("tool_calls", []) if c.get("id")]
+        async for ev in self.post_stream("/v1/chat/completions", self.body(conv, rnd), conv):
+            usage = ev.get("usage") or usage
+            for choice in ev.get("choices") or []:
+                if _collect_delta(choice.get("delta") or {}, reply) and rec.ttft_s is None:
+                    rec.ttft_s = self.now() - rec.send_s
+        if not usage:
+            raise TurnFailed("no usage in stream (stream_options.include_usage unsupported?)")
+        rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        rec.completion_tokens = int(usage.get("completion_tokens") or 0)
+        rec.cached_tokens = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+    def reply_message(self, reply: Reply) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(reply.text)}
+        if reply.calls:
+            message["tool_calls"] = [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                                     for c in (reply.calls[i] for i in sorted(reply.calls))]
+        return message
 
 
-def _collect_delta(delta: dict[str, Any], content: list[str], calls: dict[int, dict[str, Any]]) -> bool:
+def _collect_delta(delta: dict[str, Any], reply: Reply) -> bool:
     """Accumulate one streamed delta; True when it carried generated output."""
     got = False
     if delta.get("content"):
-        content.append(delta["content"])
+        reply.text.append(delta["content"])
         got = True
     if delta.get("reasoning_content"):
         got = True
     for tc in delta.get("tool_calls") or []:
         got = True
-        slot = calls.setdefault(int(tc.get("index", 0)),
-                                {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+        slot = reply.call(int(tc.get("index", 0)))
         slot["id"] = tc.get("id") or slot["id"]
         fn = tc.get("function") or {}
-        slot["function"]["name"] += fn.get("name") or ""
-        slot["function"]["arguments"] += fn.get("arguments") or ""
+        slot["name"] += fn.get("name") or ""
+        slot["arguments"] += fn.get("arguments") or ""
     return got
+
+
+class AnthropicClient(AgentClient):
+    """/v1/messages (what Claude Code speaks): the system prompt beside the messages, replies as
+    content blocks, results as ``tool_result`` blocks. Usage: the prompt is input + cache reads
+    (+ cache writes), the cached part the cache reads."""
+
+    def round_messages(self, conv: ChatConversation, k: int, rnd: Round) -> list[dict[str, Any]]:
+        system, body = self.round_texts(conv, k, rnd)
+        if k == 0:
+            conv.system = system
+        if not conv.last_call_ids:
+            return [{"role": "user", "content": body}]
+        return [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": cid, "content": body if i == 0 else "ok"}
+                                             for i, cid in enumerate(conv.last_call_ids)]}]
+
+    def body(self, conv: ChatConversation, rnd: Round) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.opts.model, "messages": conv.messages, "max_tokens": rnd.output_tokens,
+                                "stream": True, "ignore_eos": True, **self.opts.extra_sampling}
+        if conv.system:
+            body["system"] = conv.system
+        if self.opts.tools:
+            body["tools"] = ANTHROPIC_TOOLS
+        return body
+
+    async def exchange(self, conv: ChatConversation, rnd: Round, rec: TurnRecord, reply: Reply) -> None:
+        usage: dict[str, Any] = {}
+        stopped = False
+        async for ev in self.post_stream("/v1/messages", self.body(conv, rnd), conv):
+            kind = ev.get("type")
+            if kind == "message_start":
+                usage = (ev.get("message") or {}).get("usage") or usage
+            elif kind == "content_block_start":
+                block = ev.get("content_block") or {}
+                if block.get("type") == "tool_use":
+                    reply.call(int(ev["index"])).update(id=block.get("id") or "", name=block.get("name") or "")
+            elif kind == "content_block_delta":
+                delta = ev.get("delta") or {}
+                if delta.get("type") == "text_delta":
+                    reply.text.append(delta.get("text") or "")
+                elif delta.get("type") == "input_json_delta":
+                    reply.call(int(ev["index"]))["arguments"] += delta.get("partial_json") or ""
+                if rec.ttft_s is None:
+                    rec.ttft_s = self.now() - rec.send_s
+            elif kind == "message_delta":
+                usage = {**usage, **{k: v for k, v in (ev.get("usage") or {}).items() if v is not None}}
+            elif kind == "message_stop":
+                stopped = True
+        if not stopped:
+            raise TurnFailed("stream ended without message_stop")
+        cached = int(usage.get("cache_read_input_tokens") or 0)
+        rec.prompt_tokens = int(usage.get("input_tokens") or 0) + cached + int(usage.get("cache_creation_input_tokens") or 0)
+        rec.cached_tokens = cached
+        rec.completion_tokens = int(usage.get("output_tokens") or 0)
+
+    def reply_message(self, reply: Reply) -> dict[str, Any]:
+        text = "".join(reply.text)
+        content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+        for i in sorted(reply.calls):
+            call = reply.calls[i]
+            try:
+                arguments = json.loads(call["arguments"]) if call["arguments"] else {}
+            except ValueError:
+                arguments = {}
+            content.append({"type": "tool_use", "id": call["id"], "name": call["name"], "input": arguments})
+        return {"role": "assistant", "content": content}

@@ -1,4 +1,5 @@
-"""Closed-loop agent-trace replay against SGLang /generate or an OpenAI-compatible endpoint.
+"""Closed-loop agent-trace replay against SGLang /generate, an OpenAI-compatible endpoint or an
+Anthropic Messages endpoint (the sidecar's /v1/messages).
 
 Every session runs as its own task: send the whole conversation, stream the reply, wait the tool
 gap, append reply + next tool result, repeat. A session starts at its ``start_s`` after the run
@@ -24,7 +25,7 @@ import aiohttp
 import click
 
 from sidecar_tools.benchmarks import promtext
-from sidecar_tools.benchmarks.clients import BaseClient, ClientOptions, GenerateClient, OpenAIClient
+from sidecar_tools.benchmarks.clients import AnthropicClient, BaseClient, ClientOptions, GenerateClient, OpenAIClient
 from sidecar_tools.benchmarks.records import TurnRecord, save_run, summarize
 from sidecar_tools.benchmarks.textgen import TextSource
 from sidecar_tools.benchmarks.traces import PRESETS, Session, Trace, build_config, generate, read_any
@@ -94,7 +95,7 @@ async def replay(trace: Trace, *, url: str, mode: str, opts: ClientOptions, engi
     async with aiohttp.ClientSession(connector=connector) as http:
         if flush:
             await flush_cache(http, engine_url or url)
-        if mode == "openai" and opts.model == "default":
+        if mode != "generate" and opts.model == "default":
             opts.model = await detect_model(http, url)
         metric_urls = {"endpoint": url, **({"engine": engine_url} if engine_url else {})}
         before = await scrape_all(http, metric_urls)
@@ -102,7 +103,8 @@ async def replay(trace: Trace, *, url: str, mode: str, opts: ClientOptions, engi
         if mode == "generate":
             client = GenerateClient(http, url, trace, opts)
         else:
-            client = OpenAIClient(http, url, trace, opts, text=TextSource(tokenizer))
+            agent = AnthropicClient if mode == "anthropic" else OpenAIClient
+            client = agent(http, url, trace, opts, text=TextSource(tokenizer))
         slots = asyncio.Semaphore(max_concurrent_sessions) if max_concurrent_sessions else None
         records: list[TurnRecord] = []
         t0 = time.monotonic()
@@ -186,8 +188,9 @@ def print_summary(name: str, s: dict[str, Any]) -> None:
 
 
 @click.command(context_settings={"show_default": True})
-@click.option("--url", default="http://127.0.0.1:30000", help="SGLang (generate/openai) or sidecar (openai) base URL.")
-@click.option("--mode", type=click.Choice(["generate", "openai"]), default="generate")
+@click.option("--url", default="http://127.0.0.1:30000", help="SGLang (generate/openai) or sidecar (openai/anthropic) base URL.")
+@click.option("--mode", type=click.Choice(["generate", "openai", "anthropic"]), default="generate",
+              help="generate: SGLang /generate with ids; openai: /v1/chat/completions; anthropic: /v1/messages.")
 @click.option("--trace", "trace_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Trace file (ours, TraceLab round trace or CSV export, LMCache, OpenAI chats). Default: draw --preset.")
 @click.option("--preset", type=click.Choice(sorted(PRESETS)), default="reference")
@@ -198,7 +201,7 @@ def print_summary(name: str, s: dict[str, Any]) -> None:
 @click.option("--lease-ttl", type=float, default=None, help="generate: custom_params.session_lease_ttl_s.")
 @click.option("--close-sessions", is_flag=True, help="POST /close_session when a session ends.")
 @click.option("--session-id/--no-session-id", default=True,
-              help="generate: top-level session_id; openai: X-Session-Id header.")
+              help="generate: top-level session_id; openai/anthropic: X-Session-Id header.")
 @click.option("--body-session-id", is_flag=True, help="openai: also send session_id in the body (SGLang's API).")
 @click.option("--max-concurrent-sessions", type=int, default=None, help="Client-side cap on live sessions.")
 @click.option("--time-limit", type=float, default=240.0, help="Wall-clock limit of the run (s).")
@@ -206,9 +209,9 @@ def print_summary(name: str, s: dict[str, Any]) -> None:
 @click.option("--on-error", type=click.Choice(["continue", "stop"]), default="continue",
               help="After a failed turn the session goes on or stops.")
 @click.option("--engine-url", default=None, help="SGLang URL whose /metrics to diff too (behind a sidecar).")
-@click.option("--model", default="default", help="openai: model name (default: first of /v1/models).")
-@click.option("--tokenizer", default=None, help="openai: tokenizer dir to size texts exactly.")
-@click.option("--tools/--no-tools", default=True, help="openai: send tool definitions.")
+@click.option("--model", default="default", help="openai/anthropic: model name (default: first of /v1/models).")
+@click.option("--tokenizer", default=None, help="openai/anthropic: tokenizer dir to size texts exactly.")
+@click.option("--tools/--no-tools", default=True, help="openai/anthropic: send tool definitions.")
 @click.option("--salt", default="", help="Makes session ids and content unique to this run.")
 @click.option("--flush-cache", is_flag=True, help="POST /flush_cache to the engine before the run.")
 @click.option("--name", default=None, help="Run name (file stem). Default: <mode>-<trace>-<gap>.")

@@ -26,6 +26,7 @@ import pytest
 from aiohttp import web
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from hostile_values import json_values, numbers, plain, texts
 
 from sidecar_tools.simulator.generate_request import VOCAB_SIZE as QWEN3_VOCAB_SIZE
 from sidecar_tools.simulator.generate_request import check_schema
@@ -162,22 +163,6 @@ def check_state(stack: Stack) -> None:
 
 # --------------------------------------------------------------------------- strategies
 
-# Text with everything JSON can carry: control characters, lone surrogates, template syntax.
-texts = st.one_of(
-    st.text(max_size=40),
-    st.text(st.characters(codec=None, exclude_categories=()), max_size=20),
-    st.sampled_from(["", " ", "{{ 7*7 }}", "{% raw %}", "<|im_end|>", "<tool_call>", "</think>", "\x00", "\ud800", "\U0001f600" * 3]),
-)
-numbers = st.one_of(
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.sampled_from([0, 1, -1, 2, 0.5, 1e308, 2**31, 2**63]),
-)
-scalars = st.one_of(st.none(), st.booleans(), numbers, texts)
-json_values = st.recursive(
-    scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts, inner, max_size=3), max_leaves=8
-)
-
 content = st.one_of(
     texts,
     st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url", "input_audio"]), "text": texts}), max_size=3),
@@ -256,10 +241,6 @@ def _dumps(body: Any) -> bytes:
 
 # Well-formed requests with hostile values, so the fuzzer gets past validation into rendering,
 # session matching, the engine call and the relay.
-plain = st.one_of(
-    st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=60),
-    st.sampled_from(["<|im_start|>user", "<|im_end|>", "<tool_call>\n{}\n</tool_call>", "<think>", "{{ x }}", "\n\n", "é" * 30]),
-)
 names = st.from_regex(r"[a-z_][a-z0-9_]{0,11}", fullmatch=True)
 arguments = st.one_of(json_values.map(lambda v: json.dumps(v, allow_nan=True)), plain)
 

@@ -3,6 +3,8 @@
 import asyncio
 import json
 
+import pytest
+
 from sidecar_tools.benchmarks.clients import ClientOptions
 from sidecar_tools.benchmarks.replay import main as replay_cli
 from sidecar_tools.benchmarks.replay import replay
@@ -177,3 +179,36 @@ def test_cli_names_a_trace_it_cannot_read(tmp_path):
     result = CliRunner().invoke(replay_cli, ["--trace", str(bad), "--out", str(tmp_path)])
     assert result.exit_code == 1
     assert "TraceLab round trace" in result.output and "'prefix_tokens'" in result.output
+
+
+@pytest.mark.parametrize("explicit", [True, False])
+async def test_anthropic_mode_through_the_sidecar_is_one_session_per_agent(aiohttp_server, sglang_double, qwen3_tokenizer_dir,
+                                                                        qwen3_tokenizer, explicit):
+    """--mode anthropic against the real sidecar: tool_use replies come back as tool_result turns,
+    each agent is one session (named by X-Session-Id, or recognised from its history without it),
+    and every turn reuses the previous turn's whole prompt + reply."""
+    from sidecar.server.app import create_app
+    from sidecar.settings import load_settings
+
+    call = qwen3_tokenizer.encode('<tool_call>\n{"name": "execute_bash", "arguments": {"command": "ls"}}\n</tool_call>',
+                                  add_special_tokens=False)
+    pad = qwen3_tokenizer.encode(" ok", add_special_tokens=False)
+    sglang_double.responder = lambda ids, params: (call + pad * 100)[: params["max_new_tokens"]]
+    settings = load_settings(overrides={"server": {"sglang_url": sglang_double.url, "tokenizer": str(qwen3_tokenizer_dir)}})
+    server = await aiohttp_server(create_app(settings, tokenizer=qwen3_tokenizer))
+    rounds = [Round(append_tokens=40, output_tokens=60, tool_wait_s=0.01) for _ in range(3)]
+    trace = Trace(name="t", shared_prefix_tokens=20,
+                  sessions=[Session(session_id=f"s{i}", rounds=rounds) for i in range(2)])
+    run, records = await replay(trace, url=str(server.make_url("")).rstrip("/"), mode="anthropic",
+                                opts=ClientOptions(send_session_id=explicit), tokenizer=str(qwen3_tokenizer_dir))
+    assert run["summary"]["turns_ok"] == 6 and run["config"]["mode"] == "anthropic"
+    sessions = [r["session_id"] for r in sglang_double.requests]
+    assert sorted(sessions.count(s) for s in set(sessions)) == [3, 3]
+    assert set(sessions) == {"s0", "s1"} if explicit else all(s.startswith("sess-") for s in sessions)
+    for session in ("s0", "s1"):
+        turns = sorted((r for r in records if r.session == session), key=lambda r: r.turn)
+        for prev, cur in zip(turns, turns[1:]):
+            assert cur.history_tokens == prev.prompt_tokens + prev.completion_tokens
+            assert cur.cached_tokens >= prev.prompt_tokens + prev.completion_tokens - 1
+    last = qwen3_tokenizer.decode(sglang_double.requests[-1]["input_ids"])
+    assert last.count("<tool_response>") == 2 and all(r["sampling_params"]["ignore_eos"] for r in sglang_double.requests)

@@ -1,0 +1,122 @@
+"""Serving one turn over HTTP, the same for every front door: a whole reply, or an SSE stream whose
+headers go out with its first event, so that an engine failure before any output is still a plain
+HTTP error with its status code, and one after it is an error in the stream, in the door's words."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Awaitable, Callable, Protocol
+
+from aiohttp import web
+
+from sidecar.errors import APIError
+from sidecar.generation.tool_parsers import Event
+from sidecar.turn.core import Turn, TurnCore
+
+_DISCONNECTS = (ConnectionResetError, ConnectionError)
+
+# json.dumps(x, ensure_ascii=False) builds a new encoder per call; a frame per token pays that
+UNICODE_JSON = json.JSONEncoder(ensure_ascii=False)
+
+
+def event_frame(event: str, payload: dict[str, Any]) -> bytes:
+    """One named SSE event (``event: NAME`` + ``data: JSON``), as Anthropic and the Responses API send."""
+    return b"event: " + event.encode() + b"\ndata: " + UNICODE_JSON.encode(payload).encode() + b"\n\n"
+
+
+class StreamFrames(Protocol):
+    """A door's SSE rendering of one turn's events."""
+
+    def opening(self) -> bytes:
+        """Frames that go out with the first event (the reply's head)."""
+
+    def event(self, event: Event) -> bytes:
+        """Frames of one relay event."""
+
+    def closing(self) -> bytes:
+        """Frames after the last event (the turn's result is complete)."""
+
+    def failure(self, err: APIError) -> bytes:
+        """Frames that end a stream the engine failed after it started."""
+
+
+async def serve_turn(
+    request: web.Request,
+    core: TurnCore,
+    parsed: list[Any],
+    stream: bool,
+    frames: Callable[[Turn], StreamFrames],
+    whole: Callable[[Turn], Awaitable[web.Response]],
+) -> web.StreamResponse:
+    """Run the turn of ``parsed[-1]`` (a TurnRequest) and answer it: ``whole(turn)`` drains the
+    events into one response, or the ``frames(turn)`` are streamed.
+
+    The parsed request (``parsed``: hundreds of objects for a long history) is not needed while the
+    reply streams, so it is not carried through the garbage collector's generations: the list is
+    cleared once the reply started, so that freeing it is not on the request's way to SGLang.
+    """
+    try:
+        async with core.turn(parsed[-1]) as turn:
+            if stream:
+                return await stream_reply(request, turn, frames(turn), started=parsed.clear)
+            parsed.clear()
+            return await whole(turn)
+    except _StreamAlreadyAnswered as done:
+        return done.response
+
+
+async def stream_reply(
+    request: web.Request, turn: Turn, frames: StreamFrames, started: Callable[[], None] | None = None
+) -> web.StreamResponse:
+    """Stream the turn's events as ``frames`` render them; ``started`` is called once the first
+    event was written."""
+    response: web.StreamResponse | None = None
+    head: bytes | None = None
+
+    def opened() -> bytes:
+        """The head before the first event's frames are rendered (frames may be numbered)."""
+        nonlocal head
+        if head is None:
+            head = frames.opening()
+            return head
+        return b""
+
+    async def send(data: bytes, last: bool = False) -> None:
+        nonlocal response
+        first = response is None
+        if first:
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            await response.prepare(request)
+        if last:
+            await response.write_eof(data)  # one write: the data and the end of the chunked body
+        else:
+            await response.write(data)
+        if first and started is not None:
+            started()
+
+    try:
+        async for event in turn.events():
+            await send(opened() + frames.event(event))
+        await send(opened() + frames.closing(), last=True)
+    except APIError as err:
+        if response is None:
+            raise
+        await _write_quietly(response, frames.failure(err))
+        raise _StreamAlreadyAnswered(response) from err
+    return response
+
+
+class _StreamAlreadyAnswered(Exception):
+    """A failure after the SSE headers went out: the error was sent in-stream; nothing to record."""
+
+    def __init__(self, response: web.StreamResponse):
+        super().__init__("stream failed after it started")
+        self.response = response
+
+
+async def _write_quietly(response: web.StreamResponse, data: bytes) -> None:
+    try:
+        await response.write(data)
+        await response.write_eof()
+    except _DISCONNECTS:
+        pass
