@@ -30,6 +30,11 @@ class ServerSettings(BaseModel):
     model_name: str | None = Field(
         None, description="Model id served on /v1/models. Default: SGLang's served_model_name."
     )
+    accept_any_model: bool = Field(
+        False,
+        description="Accept any `model` in requests. Off: a name other than the served model (/v1/models) is a "
+        "404 model_not_found, as OpenAI answers; a request without `model` gets the served one.",
+    )
     tool_parser: Literal["hermes", "qwen3", "none"] = Field(
         "hermes", description="How tool calls are parsed from model output (qwen3 = hermes)."
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import Any, AsyncIterator
 
@@ -34,12 +35,22 @@ class StartupError(Exception):
 
 
 def load_tokenizer(path: str):
+    """The tokenizer of a local model folder, or of a Hugging Face repo id (``org/name``). A path
+    that can only be a folder and is missing gets its own message: transformers would call it a
+    malformed repo id."""
     from transformers import AutoTokenizer
 
+    if not os.path.exists(path) and _is_folder_path(path):
+        raise StartupError(f"cannot load a tokenizer from {path!r}: no such folder")
     try:
         return AutoTokenizer.from_pretrained(path)
     except Exception as exc:  # transformers raises many kinds for a bad folder
         raise StartupError(f"cannot load a tokenizer from {path!r}: {exc}") from None
+
+
+def _is_folder_path(path: str) -> bool:
+    """Absolute, relative to . or ~, or with more than one separator: not an ``org/name`` repo id."""
+    return os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1 or os.sep != "/" and os.sep in path
 
 
 async def fetch_server_info(engine: EngineClient, wait_s: float, delay: float = 1.0) -> dict[str, Any] | None:

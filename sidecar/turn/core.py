@@ -45,6 +45,10 @@ class TurnCore:
         self.metrics = metrics
         self.model_name = model_name  # what the doors call the model
 
+    def serves_model(self, model: str | None) -> bool:
+        """Whether a request's ``model`` names the served model (no name: the served one)."""
+        return model is None or model == self.model_name or self.settings.accept_any_model
+
     def turn(self, request: TurnRequest) -> Turn:
         return Turn(self, request)
 
@@ -165,7 +169,9 @@ class Turn:
         result = gen.result
         reply = reply_message(result.content, [(c.name, c.arguments) for c in result.tool_calls])
         ids = gen.payload["input_ids"] + result.output_ids
-        core.sessions.record_turn(res.session, TurnState(extend_fingerprint(res.fingerprint, reply), self._n_messages + 1, ids, result.end_id))
+        parent = res.base.fingerprint if res.base is not None else None
+        state = TurnState(extend_fingerprint(res.fingerprint, reply), self._n_messages + 1, ids, result.end_id, parent)
+        core.sessions.record_turn(res.session, state)
         tool_names = [c.name for c in result.tool_calls]
         core.policy.on_turn_end(TurnEnd(res.session.id, len(ids), tool_names, time.monotonic()))
         metrics = core.metrics
