@@ -80,39 +80,123 @@ def main() -> None:
     """Agent-session sidecar for SGLang: OpenAI-compatible, token-exact sessions, KV leases."""
 
 
-@main.command()
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings file; flags override it.")
+_CONFIG = click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings file; flags override it.")
+_ENGINE_LOG = click.option(
+    "--engine-log", type=click.Path(dir_okay=False), default=None, help="Append the engine's output to this file (default: this terminal)."
+)
+
+
+@main.command(context_settings={"allow_interspersed_args": False})
+@_CONFIG
+@_ENGINE_LOG
+@click.option("--engine-start-timeout", type=float, default=900.0, show_default=True,
+              help="With an engine command: seconds its /health may take to answer (model loading).")
+@click.argument("engine_command", nargs=-1, type=click.UNPROCESSED, metavar="[-- ENGINE COMMAND...]")
 @settings_options
-def serve(config_file: str | None, **kwargs: Any) -> None:
-    """Serve /v1/chat/completions in front of SGLang's native /generate."""
-    from aiohttp import web
+def serve(config_file: str | None, engine_log: str | None, engine_start_timeout: float, engine_command: tuple[str, ...],
+          **kwargs: Any) -> None:
+    """Serve /v1/chat/completions in front of SGLang's native /generate.
 
-    from sidecar.server.app import StartupError, create_app, load_tokenizer
+    With an engine command after `--` (e.g. `-- python3 -m sglang.launch_server --model-path M --port 30000
+    ...`) the sidecar starts it in a process group of its own, waits for its /health at --sglang-url, and
+    stops the group with itself (Ctrl+C, SIGTERM; it stops too if the engine exits)."""
+    settings = _settings(config_file, collect_overrides(kwargs))
+    _serve(settings, list(engine_command), engine_log, engine_start_timeout)
 
+
+@main.command()
+@_CONFIG
+@_ENGINE_LOG
+@click.option("--kv-tokens", type=int, default=173_200, show_default=True, help="KV pool of the simulated engine (tokens).")
+@click.option("--engine-port", type=int, default=30000, show_default=True, help="Port of the simulated engine (127.0.0.1).")
+@click.option("--engine-policy", default="session_ttl", show_default=True,
+              help="Its --radix-eviction-policy: session_ttl (this project's plugin), lru (stock SGLang), ...")
+@settings_options
+def demo(config_file: str | None, engine_log: str | None, kv_tokens: int, engine_port: int, engine_policy: str,
+         **kwargs: Any) -> None:
+    """The main job on any machine: the simulated SGLang engine (SGLang's real radix cache and this
+    project's plugin, on the CPU, in real time) on --engine-port, the sidecar in front of it; Ctrl+C
+    stops both. Needs --tokenizer (python3 -m sidecar_tools.benchmarks.qwen3_tokenizer DIR builds Qwen3's)."""
+    overrides = collect_overrides(kwargs)
+    if "sglang_url" in overrides.get("server", {}):
+        raise click.UsageError("demo starts its own engine on 127.0.0.1:--engine-port; --sglang-url is for serve")
+    url = f"http://127.0.0.1:{engine_port}"
+    overrides.setdefault("server", {})["sglang_url"] = url
+    settings = _settings(config_file, overrides)
+    tokenizer = settings.server.tokenizer
+    if not tokenizer:
+        raise click.UsageError("demo needs --tokenizer DIR (python3 -m sidecar_tools.benchmarks.qwen3_tokenizer DIR builds Qwen3's offline)")
+    if "simulate" not in _ToolCommands()._tools():
+        raise click.ClickException("the simulator is not installed here: pip install -e '.[plugin,bench]'")
+    engine = [sys.executable, "-m", "sidecar", "simulate", "--serve", "--host", "127.0.0.1", "--port", str(engine_port),
+              "--policy", engine_policy, "--kv-tokens", str(kv_tokens), "--tokenizer-path", tokenizer]
+    _serve(settings, engine, engine_log, start_timeout=300.0)
+
+
+def _settings(config_file: str | None, overrides: dict[str, dict[str, Any]]):
     try:
-        settings = load_settings(config_file, collect_overrides(kwargs))
+        return load_settings(config_file, overrides)
     except SettingsError as exc:
         raise click.ClickException(str(exc)) from None
-    logging.basicConfig(
-        level=settings.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+
+
+def _serve(settings, engine_command: list[str], engine_log: str | None, start_timeout: float) -> None:
+    """Serve until stopped; with an engine command, start it first and stop it afterwards."""
+    from aiohttp import web
+
+    from sidecar import logs, supervisor
+    from sidecar.server.app import StartupError, create_app, load_tokenizer
+
+    server = settings.server
+    logs.configure(server.log_level, server.log_format)
+    if engine_command and not supervisor.port_free(server.host, server.port):
+        raise click.ClickException(f"cannot listen on {server.host}:{server.port}: the address is in use")
+    engine = supervisor.EngineProcess(engine_command, server.sglang_url, engine_log) if engine_command else None
+    banner = f"\nsidecar ready: point an OpenAI client at http://{server.host}:{server.port}/v1 (Ctrl+C stops it"
     try:
-        tokenizer = load_tokenizer(settings.server.tokenizer) if settings.server.tokenizer else None
-        app = create_app(settings, tokenizer=tokenizer)
-        app.on_startup.append(_tune_gc_for_serving)  # after the app's own startup (tokenizer loaded)
-        web.run_app(
-            app,
-            loop=new_event_loop(settings.server.event_loop),
-            host=settings.server.host,
-            port=settings.server.port,
-            handler_cancellation=True,
-            access_log=None,
-            print=lambda msg: click.echo(msg, err=True),
-        )
-    except StartupError as exc:
+        with supervisor.stop_signals_interrupt():
+            tokenizer = load_tokenizer(server.tokenizer) if server.tokenizer else None
+            if engine is not None:
+                engine.start()
+                engine.wait_ready(start_timeout)
+                banner += f" and the engine, pid {engine.pid})\n"
+            else:
+                banner += ")\n"
+            app = create_app(settings, tokenizer=tokenizer)
+            app.on_startup.append(_tune_gc_for_serving)  # after the app's own startup (tokenizer loaded)
+            if engine is not None:
+                app.cleanup_ctx.append(_engine_watch(engine))
+            web.run_app(
+                app,
+                loop=new_event_loop(server.event_loop),
+                host=server.host,
+                port=server.port,
+                handler_cancellation=True,
+                access_log=None,
+                print=lambda msg: click.echo(banner, err=True),
+            )
+    except KeyboardInterrupt:  # Ctrl+C, SIGTERM or SIGHUP before serving began
+        pass
+    except (StartupError, supervisor.EngineFailed) as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
-        raise click.ClickException(f"cannot listen on {settings.server.host}:{settings.server.port}: {exc}") from None
+        raise click.ClickException(f"cannot listen on {server.host}:{server.port}: {exc}") from None
+    finally:
+        if engine is not None:
+            engine.stop()
+    if engine is not None and engine.exited_first:
+        raise click.ClickException(f"the engine exited (code {engine.exit_code()}); the sidecar stopped with it")
+
+
+def _engine_watch(engine):
+    async def context(app) -> Any:
+        from sidecar import supervisor
+
+        task = asyncio.create_task(supervisor.stop_when_engine_exits(engine))
+        yield
+        task.cancel()
+
+    return context
 
 
 FULL_GC_AFTER_GEN1_PASSES = 100  # CPython's default is 10

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import time
+from collections import Counter
 from typing import Any, AsyncIterator
 
 import aiohttp
@@ -18,12 +19,15 @@ from aiohttp import web
 
 from sidecar.engine.capacity import EngineCapacity
 from sidecar.engine.client import EngineClient
+from sidecar.engine.health import EngineHealth
 from sidecar.engine.worker import Worker, Workers
 from sidecar.errors import APIError
 from sidecar.metrics import SidecarMetrics
 from sidecar.server import keys, routes
 from sidecar.server.auth import AuthConfigError, auth_middleware, build_key_store
 from sidecar.server.middleware import error_middleware, metrics_middleware
+from sidecar.server.probe import engine_probe_context
+from sidecar.server.summary import startup_summary
 from sidecar.settings import SidecarSettings
 from sidecar.turn.core import build_core
 
@@ -55,16 +59,24 @@ def _is_folder_path(path: str) -> bool:
 
 async def fetch_server_info(engine: EngineClient, wait_s: float, delay: float = 1.0) -> dict[str, Any] | None:
     """SGLang's /server_info, retried for up to ``wait_s`` (SGLang often starts after the sidecar)."""
-    deadline = time.monotonic() + wait_s
+    started = time.monotonic()
+    deadline = started + wait_s
+    waited = False
     while True:
         try:
-            return await engine.server_info()
+            info = await engine.server_info()
         except APIError as exc:
             if time.monotonic() + delay > deadline:
                 log.warning("SGLang /server_info failed (%s); starting without it", exc.message)
                 return None
-            log.info("waiting for SGLang at %s (%s)", engine.base_url, exc.message)
+            if not waited:  # one line, not one per retry
+                log.info("waiting up to %g s for SGLang at %s (%s)", wait_s, engine.base_url, exc.message)
+            waited = True
             await asyncio.sleep(delay)
+            continue
+        if waited:
+            log.info("SGLang answered after %.1f s", time.monotonic() - started)
+        return info
 
 
 def create_app(settings: SidecarSettings, tokenizer=None) -> web.Application:
@@ -78,9 +90,11 @@ def create_app(settings: SidecarSettings, tokenizer=None) -> web.Application:
         middlewares=[metrics_middleware, error_middleware, auth_middleware(key_store, settings.server)],
     )
     app[keys.SETTINGS] = settings
-    app[keys.METRICS] = SidecarMetrics()
+    app[keys.METRICS] = metrics = SidecarMetrics()
+    app[keys.ENGINE_HEALTH] = EngineHealth(metrics, settings.server.sglang_url)
     app.cleanup_ctx.append(_engine_context(tokenizer))
     app.cleanup_ctx.append(_lifecycle_context)
+    app.cleanup_ctx.append(engine_probe_context)
     app.router.add_post("/v1/chat/completions", routes.chat_completions)
     app.router.add_get("/v1/models", routes.models)
     app.router.add_get("/health", routes.health)
@@ -138,11 +152,13 @@ def configure(app: web.Application, engine: EngineClient, tokenizer, info: dict[
     except ValueError as exc:
         raise StartupError(str(exc)) from None
     metrics.sessions.set_function(lambda: len(core.sessions))
+    metrics.count_session_states(lambda: Counter(s.state(time.monotonic()) for s in core.sessions.all()))
     app[keys.WORKERS] = workers
     app[keys.RENDERER] = core.renderer
     app[keys.POLICY] = core.policy
     app[keys.SESSIONS] = core.sessions
     app[keys.TURNS] = core
+    log.info("%s", startup_summary(settings, workers, model_name, getattr(tokenizer, "name_or_path", "")))
 
 
 async def _lifecycle_context(app: web.Application) -> AsyncIterator[None]:

@@ -48,6 +48,7 @@ async def models(request: web.Request) -> web.Response:
 
 async def health(request: web.Request) -> web.Response:
     up = await request.app[keys.WORKERS].healthy()
+    request.app[keys.ENGINE_HEALTH].record(up)
     body = {"status": "ok" if up else "engine_unavailable", "sglang": up, "sessions": len(request.app[keys.SESSIONS])}
     return web.json_response(body, status=200 if up else 503)
 

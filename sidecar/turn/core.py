@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import AsyncIterator
 
+from sidecar import logs
 from sidecar.conversation.chat_template import ChatRenderer
 from sidecar.conversation.fingerprint import extend_fingerprint, reply_message
 from sidecar.conversation.store import Resolution, Session, SessionStore, TurnState, check_session_id
@@ -75,6 +76,7 @@ class Turn:
 
     def __init__(self, core: TurnCore, request: TurnRequest):
         self.core = core
+        self.started_at = time.monotonic()  # time to first token counts from here
         self._request: TurnRequest | None = request
         self.resolution: Resolution | None = None
         self.generation: Generation | None = None
@@ -102,6 +104,7 @@ class Turn:
         core.renderer.check_template_kwargs(req.template_kwargs)
         explicit = check_session_id(req.session_id) if req.session_id is not None else None
         res = self.resolution = core.sessions.resolve(req.messages, explicit, req.scope)
+        logs.bind_session(res.session.public_id)
         self._n_messages = len(req.messages)
         session = res.session
         session.inflight += 1
@@ -144,7 +147,8 @@ class Turn:
         lease = core.policy.lease_ttl(session.id, len(ids), now)
         params = sampling_params(req.sampling, core.settings.default_max_tokens, renderer.eos_ids, lease)
         self.generation = Generation(
-            worker.client, generate_request(ids, session.id, params), renderer.codec, parser, req.stop, forced
+            worker.client, generate_request(ids, session.id, params), renderer.codec, parser, req.stop, forced,
+            on_tokens=core.metrics.observe_tokens,
         )
 
     def _prompt_ids(self, req: TurnRequest, res: Resolution) -> IdText:
@@ -158,6 +162,9 @@ class Turn:
     async def __aexit__(self, exc_type, exc, tb) -> None:
         try:
             self.generation.close()
+            first_token_at = self.generation.result.first_token_at
+            if first_token_at is not None:  # also for a turn that failed after its first token
+                self.core.metrics.ttft.observe(first_token_at - self.started_at)
             if exc_type is None and self.generation.finished:
                 self._record()
         finally:

@@ -1,0 +1,69 @@
+"""Logging of the serving process: text or JSON lines, each knowing the session being served.
+
+The session of the request in hand is a context variable: the turn core binds it once it has
+recognised the session, the request middleware clears it around every request, and every log
+record made while serving that request carries it (``session``; a JSON field of its own with
+``--log-format json``). Message content is never logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+_session: ContextVar[str | None] = ContextVar("sidecar_session", default=None)
+
+
+def bind_session(session_id: str) -> None:
+    """The request being served belongs to this session (its id as the client knows it)."""
+    _session.set(session_id)
+
+
+def current_session() -> str | None:
+    return _session.get()
+
+
+@contextmanager
+def request_context() -> Iterator[None]:
+    """Around one request: no session until one is bound, and none leaks into the next request
+    served by the same task (keep-alive connections)."""
+    token = _session.set(None)
+    try:
+        yield
+    finally:
+        _session.reset(token)
+
+
+class _SessionField(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "session", None) is None:
+            session = _session.get()
+            if session is not None:
+                record.session = session
+        return True
+
+
+def configure(level: str, fmt: str = "text") -> None:
+    """The root logger of the serving process: one stderr handler, text or one JSON object a line
+    (fields time, level, logger, message, and what a line adds: session, status, ...)."""
+    handler = logging.StreamHandler()
+    handler.addFilter(_SessionField())
+    if fmt == "json":
+        from pythonjsonlogger.json import JsonFormatter
+
+        handler.setFormatter(
+            JsonFormatter(
+                "%(levelname)s %(name)s %(message)s",
+                rename_fields={"levelname": "level", "name": "logger"},
+                timestamp="time",
+            )
+        )
+    else:
+        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
