@@ -177,3 +177,10 @@ def test_cli_names_a_trace_it_cannot_read(tmp_path):
     result = CliRunner().invoke(replay_cli, ["--trace", str(bad), "--out", str(tmp_path)])
     assert result.exit_code == 1
     assert "TraceLab round trace" in result.output and "'prefix_tokens'" in result.output
+
+
+async def test_every_finished_turn_reaches_the_progress_hook(make_engine):
+    _, url = await make_engine(fail_every=4)
+    seen = []
+    run, records = await replay(small_trace(), url=url, mode="generate", opts=ClientOptions(), on_turn=seen.append)
+    assert sorted(seen, key=id) == sorted(records, key=id) and len(seen) == run["summary"]["turns_planned"]
