@@ -1,8 +1,9 @@
-"""The aiohttp application: factory, startup/cleanup contexts, and the session lifecycle pass.
+"""The aiohttp application: factory and startup/cleanup contexts.
 
 Startup asks SGLang who it is (/server_info: model, tokenizer path, KV capacity), loads the
-tokenizer and chat template, and builds the policy, the session store and the turn core. A
-background task forgets the sessions the policy says are done (releasing their leases in SGLang).
+tokenizer and chat template, and builds the policy, the session store and the turn core. Beside
+the requests run the background passes (``sidecar.server.background``): the session lifecycle and
+the engine health probe.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from sidecar.errors import APIError
 from sidecar.metrics import SidecarMetrics
 from sidecar.server import keys, routes
 from sidecar.server.auth import AuthConfigError, auth_middleware, build_key_store
+from sidecar.server.background import background_contexts
 from sidecar.server.middleware import error_middleware, metrics_middleware
-from sidecar.server.probe import engine_probe_context
 from sidecar.server.summary import startup_summary
 from sidecar.settings import SidecarSettings
 from sidecar.turn.core import build_core
@@ -93,8 +94,7 @@ def create_app(settings: SidecarSettings, tokenizer=None) -> web.Application:
     app[keys.METRICS] = metrics = SidecarMetrics()
     app[keys.ENGINE_HEALTH] = EngineHealth(metrics, settings.server.sglang_url)
     app.cleanup_ctx.append(_engine_context(tokenizer))
-    app.cleanup_ctx.append(_lifecycle_context)
-    app.cleanup_ctx.append(engine_probe_context)
+    app.cleanup_ctx.extend(background_contexts())
     app.router.add_post("/v1/chat/completions", routes.chat_completions)
     app.router.add_get("/v1/models", routes.models)
     app.router.add_get("/health", routes.health)
@@ -159,21 +159,3 @@ def configure(app: web.Application, engine: EngineClient, tokenizer, info: dict[
     app[keys.SESSIONS] = core.sessions
     app[keys.TURNS] = core
     log.info("%s", startup_summary(settings, workers, model_name, getattr(tokenizer, "name_or_path", "")))
-
-
-async def _lifecycle_context(app: web.Application) -> AsyncIterator[None]:
-    async def loop() -> None:
-        while True:
-            await asyncio.sleep(1.0)
-            try:
-                app[keys.SESSIONS].close_due(time.monotonic())
-            except Exception:  # noqa: BLE001 - housekeeping must never die
-                log.exception("session lifecycle pass failed")
-
-    task = asyncio.create_task(loop())
-    yield
-    task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        pass
