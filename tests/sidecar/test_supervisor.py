@@ -151,7 +151,7 @@ def test_serve_starts_the_engine_waits_for_it_and_stops_both(tmp_path, qwen3_tok
 
 def test_the_sidecar_stops_when_its_engine_dies(tmp_path, qwen3_tokenizer_dir):
     engine_port, port, pids = _free_port(), _free_port(), tmp_path / "pids.json"
-    proc = _spawn("serve", "--port", str(port), "--sglang-url", f"http://127.0.0.1:{engine_port}",
+    proc = _spawn("serve", "--port", str(port), "--sglang-url", f"http://127.0.0.1:{engine_port}", "--log-format", "json",
                   "--tokenizer", str(qwen3_tokenizer_dir), "--", *_fake(engine_port, "--pids", str(pids)))
     try:
         _wait_health(f"http://127.0.0.1:{port}", proc, 120)
@@ -160,6 +160,10 @@ def test_the_sidecar_stops_when_its_engine_dies(tmp_path, qwen3_tokenizer_dir):
     finally:
         proc.kill()
     assert proc.returncode != 0 and "the engine exited (code -9); the sidecar stopped with it" in err
+    records = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    assert any(r["level"] == "ERROR" and r["logger"] == "sidecar.supervisor" and "exited with code -9" in r["message"]
+               for r in records)
+    assert any(r["message"].startswith("ready on ") for r in records)  # the start-up summary, as JSON too
     assert _gone(json.loads(pids.read_text())["child"])  # the rest of its group went too
 
 
