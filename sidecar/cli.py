@@ -53,24 +53,26 @@ def collect_overrides(kwargs: dict[str, Any]) -> dict[str, dict[str, Any]]:
 TOOL_COMMANDS_GROUP = "sglang_sidecar.commands"
 
 
+def tool_commands() -> dict[str, Any]:
+    """The entry points of the tool commands installed packages declare (not loaded)."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=TOOL_COMMANDS_GROUP)}
+
+
 class _ToolCommands(click.Group):
     """Offers the tool commands (simulator, gap replay) that installed packages declare under the
     ``sglang_sidecar.commands`` entry point group, importing one only when it is invoked, so the
     serving process never loads the tooling and ``--help`` stays fast."""
 
-    def _tools(self) -> dict[str, Any]:
-        from importlib.metadata import entry_points
-
-        return {ep.name: ep for ep in entry_points(group=TOOL_COMMANDS_GROUP)}
-
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(set(super().list_commands(ctx)) | set(self._tools()))
+        return sorted(set(super().list_commands(ctx)) | set(tool_commands()))
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         command = super().get_command(ctx, name)
         if command is not None:
             return command
-        entry = self._tools().get(name)
+        entry = tool_commands().get(name)
         return entry.load() if entry is not None else None
 
 
@@ -125,7 +127,7 @@ def demo(config_file: str | None, engine_log: str | None, kv_tokens: int, engine
     tokenizer = settings.server.tokenizer
     if not tokenizer:
         raise click.UsageError("demo needs --tokenizer DIR (python3 -m sidecar_tools.benchmarks.qwen3_tokenizer DIR builds Qwen3's offline)")
-    if "simulate" not in _ToolCommands()._tools():
+    if "simulate" not in tool_commands():
         raise click.ClickException("the simulator is not installed here: pip install -e '.[plugin,bench]'")
     engine = [sys.executable, "-m", "sidecar", "simulate", "--serve", "--host", "127.0.0.1", "--port", str(engine_port),
               "--policy", engine_policy, "--kv-tokens", str(kv_tokens), "--tokenizer-path", tokenizer]
@@ -151,20 +153,18 @@ def _serve(settings, engine_command: list[str], engine_log: str | None, start_ti
     if engine_command and not supervisor.port_free(server.host, server.port):
         raise click.ClickException(f"cannot listen on {server.host}:{server.port}: the address is in use")
     engine = supervisor.EngineProcess(engine_command, server.sglang_url, engine_log) if engine_command else None
-    banner = f"\nsidecar ready: point an OpenAI client at http://{server.host}:{server.port}/v1 (Ctrl+C stops it"
+    stops = "it" if engine is None else "it and the engine"
     try:
         with supervisor.stop_signals_interrupt():
             tokenizer = load_tokenizer(server.tokenizer) if server.tokenizer else None
             if engine is not None:
                 engine.start()
                 engine.wait_ready(start_timeout)
-                banner += f" and the engine, pid {engine.pid})\n"
-            else:
-                banner += ")\n"
+                stops += f" (pid {engine.pid})"
             app = create_app(settings, tokenizer=tokenizer)
             app.on_startup.append(_tune_gc_for_serving)  # after the app's own startup (tokenizer loaded)
             if engine is not None:
-                app.cleanup_ctx.append(_engine_watch(engine))
+                app.cleanup_ctx.append(supervisor.engine_watch(engine))
             web.run_app(
                 app,
                 loop=new_event_loop(server.event_loop),
@@ -172,7 +172,11 @@ def _serve(settings, engine_command: list[str], engine_log: str | None, start_ti
                 port=server.port,
                 handler_cancellation=True,
                 access_log=None,
-                print=lambda msg: click.echo(banner, err=True),
+                print=lambda _: click.echo(
+                    f"\nsidecar ready: point an OpenAI client at http://{server.host}:{server.port}/v1 "
+                    f"(Ctrl+C stops {stops})\n",
+                    err=True,
+                ),
             )
     except KeyboardInterrupt:  # Ctrl+C, SIGTERM or SIGHUP before serving began
         pass
@@ -185,17 +189,6 @@ def _serve(settings, engine_command: list[str], engine_log: str | None, start_ti
             engine.stop()
     if engine is not None and engine.exited_first:
         raise click.ClickException(f"the engine exited (code {engine.exit_code()}); the sidecar stopped with it")
-
-
-def _engine_watch(engine):
-    async def context(app) -> Any:
-        from sidecar import supervisor
-
-        task = asyncio.create_task(supervisor.stop_when_engine_exits(engine))
-        yield
-        task.cancel()
-
-    return context
 
 
 FULL_GC_AFTER_GEN1_PASSES = 100  # CPython's default is 10

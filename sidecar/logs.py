@@ -1,9 +1,11 @@
-"""Logging of the serving process: text or JSON lines, each knowing the session being served.
+"""Logging of the serving process: text or JSON lines, each knowing the request being served.
 
-The session of the request in hand is a context variable: the turn core binds it once it has
-recognised the session, the request middleware clears it around every request, and every log
-record made while serving that request carries it (``session``; a JSON field of its own with
-``--log-format json``). Message content is never logged.
+What is known of the request in hand lives in context variables: its session (bound by the turn
+core once it recognised it) and the code of the error it was answered with (noted where the error
+is answered, also inside a stream that had started). The request middleware clears both around
+every request; every log record made while serving carries the session (``session``; a JSON field
+of its own with ``--log-format json``) and the access line names both. Message content is never
+logged.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from contextvars import ContextVar
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 _session: ContextVar[str | None] = ContextVar("sidecar_session", default=None)
+_error: ContextVar[str | None] = ContextVar("sidecar_error", default=None)
 
 
 def bind_session(session_id: str) -> None:
@@ -27,15 +30,25 @@ def current_session() -> str | None:
     return _session.get()
 
 
+def note_error(code: str) -> None:
+    """The request in hand was answered with this error (its OpenAI ``code``, else ``type``)."""
+    _error.set(code)
+
+
+def current_error() -> str | None:
+    return _error.get()
+
+
 @contextmanager
 def request_context() -> Iterator[None]:
-    """Around one request: no session until one is bound, and none leaks into the next request
-    served by the same task (keep-alive connections)."""
-    token = _session.set(None)
+    """Around one request: no session or error until one is noted, and none leaks into the next
+    request served by the same task (keep-alive connections)."""
+    tokens = _session.set(None), _error.set(None)
     try:
         yield
     finally:
-        _session.reset(token)
+        _session.reset(tokens[0])
+        _error.reset(tokens[1])
 
 
 class _SessionField(logging.Filter):

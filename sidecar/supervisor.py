@@ -23,7 +23,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 
 log = logging.getLogger("sidecar.supervisor")
@@ -179,6 +179,17 @@ def stop_signals_interrupt() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def engine_watch(engine: EngineProcess):
+    """An aiohttp cleanup context: :func:`stop_when_engine_exits` runs while the app serves."""
+
+    async def context(app) -> AsyncIterator[None]:
+        task = asyncio.create_task(stop_when_engine_exits(engine))
+        yield
+        task.cancel()
+
+    return context
 
 
 async def stop_when_engine_exits(engine: EngineProcess, interval_s: float = 1.0) -> None:

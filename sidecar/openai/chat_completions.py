@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from sidecar import logs
 from sidecar.engine.generate import Sampling
 from sidecar.errors import APIError, model_not_found
 from sidecar.openai import shapes
@@ -117,6 +118,7 @@ async def stream_reply(
     except APIError as err:
         if response is None:
             raise
+        logs.note_error(err.code or err.type)  # answered in-stream: the status stays 200
         await _write_quietly(response, shapes.error_frames(err))
         raise _StreamAlreadyAnswered(response) from err
     return response

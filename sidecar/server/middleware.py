@@ -18,8 +18,6 @@ from sidecar.server.auth import SCOPE
 
 access_log = logging.getLogger("sidecar.access")
 
-ERROR_CODE = web.RequestKey("error_code", str)  # the code (or type) of the error answered, for the access log
-
 
 def error_response(err: APIError) -> web.Response:
     return web.json_response(err.body(), status=err.status, headers=err.headers)
@@ -31,7 +29,7 @@ async def error_middleware(request: web.Request, handler):
     try:
         return await handler(request)
     except APIError as err:
-        request[ERROR_CODE] = err.code or err.type
+        logs.note_error(err.code or err.type)
         return error_response(err)
     # Hidden inside strings the sidecar parses itself (tool-call arguments): text with unpaired
     # surrogates, nesting past the recursion limit. The client's fault: 400, not 500.
@@ -45,13 +43,13 @@ async def error_middleware(request: web.Request, handler):
         if exc.status < 400:
             raise
         kind = "not_found" if exc.status == 404 else "invalid_request_error"
-        request[ERROR_CODE] = kind
+        logs.note_error(kind)
         return error_response(APIError(exc.status, exc.reason or "error", type=kind))
     except ConnectionError:
         raise  # the client went away while its answer was written: nobody to answer (counted as 499)
     except Exception:  # noqa: BLE001 - the last line of defence: log, answer 500, keep serving
         request.app.logger.exception("unhandled error on %s %s", request.method, request.path)
-        request[ERROR_CODE] = "server_error"
+        logs.note_error("server_error")
         return error_response(APIError(500, "internal error in the sidecar", type="server_error"))
 
 
@@ -82,11 +80,12 @@ async def metrics_middleware(request: web.Request, handler):
 
 
 def log_access(request: web.Request, status: int, elapsed_s: float, slow_s: float) -> None:
-    """One line per request: at info for 4xx/5xx (a client gone: 499) and for requests slower
-    than ``slow_s`` (0: none), at debug for the rest. It names the session and the key's scope,
-    never anything the messages hold."""
+    """One line per request: at info for 4xx/5xx (a client gone: 499), for a stream that ended in
+    an error event and for requests slower than ``slow_s`` (0: none), at debug for the rest. It
+    names the session and the key's scope, never anything the messages hold."""
     slow = bool(slow_s) and elapsed_s >= slow_s
-    level = logging.INFO if status >= 400 or slow else logging.DEBUG
+    error = logs.current_error()
+    level = logging.INFO if status >= 400 or error or slow else logging.DEBUG
     if not access_log.isEnabledFor(level):
         return
     session = logs.current_session() or _session_header(request)
@@ -97,7 +96,7 @@ def log_access(request: web.Request, status: int, elapsed_s: float, slow_s: floa
         "duration_ms": round(1000 * elapsed_s, 1),
         "session": session,
         "scope": request.get(SCOPE) or None,
-        "error": request.get(ERROR_CODE),
+        "error": error,
         "slow": slow,
     }
     text = f"{request.method} {request.path} {status} {fields['duration_ms']:.1f} ms"

@@ -131,6 +131,18 @@ async def test_access_log_names_errors_and_slow_requests_with_their_session_neve
     assert SECRET not in caplog.text
 
 
+async def test_a_stream_that_ended_in_an_error_event_is_logged(start, sglang_double, qwen3_tokenizer, caplog):
+    client = await start()
+    sglang_double.faults.drop_next, sglang_double.faults.drop_after_tokens = 1, 3
+    sglang_double.responder = scripted_responder(qwen3_tokenizer.encode(" a b c d e f g h", add_special_tokens=False))
+    with caplog.at_level(logging.INFO, logger="sidecar.access"):
+        status, raw = await _chat(client, {"messages": [{"role": "user", "content": "x"}], "stream": True},
+                                  {"X-Session-Id": "dropped"})
+    assert status == 200 and b"engine_unavailable" in raw
+    (line,) = [r for r in caplog.records if r.name == "sidecar.access"]
+    assert line.status == 200 and line.error == "engine_unavailable" and line.session == "dropped"
+
+
 def test_json_log_lines_carry_the_session(capsys):
     root = logging.getLogger()
     saved = root.handlers[:], root.level
