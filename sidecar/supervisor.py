@@ -168,12 +168,17 @@ def _signal_group(pgid: int, sig: int) -> None:
 @contextmanager
 def stop_signals_interrupt() -> Iterator[None]:
     """SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl+C does, so one cleanup path runs for all
-    three (aiohttp's own handlers take over while it serves)."""
+    three (aiohttp's own handlers take over SIGTERM while it serves). A signal the process was
+    started ignoring stays ignored (``nohup`` keeps working)."""
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {
+        sig: signal.signal(sig, interrupt)
+        for sig in (signal.SIGTERM, signal.SIGHUP)
+        if signal.getsignal(sig) is not signal.SIG_IGN
+    }
     try:
         yield
     finally:
