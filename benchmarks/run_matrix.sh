@@ -99,7 +99,10 @@ plugin_installed() {  # SGLang finds plugins through the sglang.srt.plugins entr
 }
 
 ENGINE_FLAGS_UP=  # the flags the running SGLang was started with
+RUN_TOTAL=$(wc -w <<<"$RUNS"); RUN_NUMBER=0
 for spec in $RUNS; do
+  RUN_NUMBER=$((RUN_NUMBER + 1))
+  log "run $RUN_NUMBER/$RUN_TOTAL: $spec"
   config=${spec%%-*}; workload=${spec#*-}
   trace=$TRACE; gap=0.5; ratio=$HICACHE_RATIO; kv=$KV
   case $workload in

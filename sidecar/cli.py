@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import logging
 import sys
 import typing
 from typing import Any, Literal
@@ -54,24 +53,26 @@ def collect_overrides(kwargs: dict[str, Any]) -> dict[str, dict[str, Any]]:
 TOOL_COMMANDS_GROUP = "sglang_sidecar.commands"
 
 
+def tool_commands() -> dict[str, Any]:
+    """The entry points of the tool commands installed packages declare (not loaded)."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=TOOL_COMMANDS_GROUP)}
+
+
 class _ToolCommands(click.Group):
     """Offers the tool commands (simulator, gap replay) that installed packages declare under the
     ``sglang_sidecar.commands`` entry point group, importing one only when it is invoked, so the
     serving process never loads the tooling and ``--help`` stays fast."""
 
-    def _tools(self) -> dict[str, Any]:
-        from importlib.metadata import entry_points
-
-        return {ep.name: ep for ep in entry_points(group=TOOL_COMMANDS_GROUP)}
-
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(set(super().list_commands(ctx)) | set(self._tools()))
+        return sorted(set(super().list_commands(ctx)) | set(tool_commands()))
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         command = super().get_command(ctx, name)
         if command is not None:
             return command
-        entry = self._tools().get(name)
+        entry = tool_commands().get(name)
         return entry.load() if entry is not None else None
 
 
@@ -80,39 +81,114 @@ def main() -> None:
     """Agent-session sidecar for SGLang: OpenAI-compatible, token-exact sessions, KV leases."""
 
 
-@main.command()
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings file; flags override it.")
+_CONFIG = click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings file; flags override it.")
+_ENGINE_LOG = click.option(
+    "--engine-log", type=click.Path(dir_okay=False), default=None, help="Append the engine's output to this file (default: this terminal)."
+)
+
+
+@main.command(context_settings={"allow_interspersed_args": False})
+@_CONFIG
+@_ENGINE_LOG
+@click.option("--engine-start-timeout", type=float, default=900.0, show_default=True,
+              help="With an engine command: seconds its /health may take to answer (model loading).")
+@click.argument("engine_command", nargs=-1, type=click.UNPROCESSED, metavar="[-- ENGINE COMMAND...]")
 @settings_options
-def serve(config_file: str | None, **kwargs: Any) -> None:
-    """Serve /v1/chat/completions in front of SGLang's native /generate."""
-    from aiohttp import web
+def serve(config_file: str | None, engine_log: str | None, engine_start_timeout: float, engine_command: tuple[str, ...],
+          **kwargs: Any) -> None:
+    """Serve /v1/chat/completions in front of SGLang's native /generate.
 
-    from sidecar.server.app import StartupError, create_app, load_tokenizer
+    With an engine command after `--` (e.g. `-- python3 -m sglang.launch_server --model-path M --port 30000
+    ...`) the sidecar starts it in a process group of its own, waits for its /health at --sglang-url, and
+    stops the group with itself (Ctrl+C, SIGTERM; it stops too if the engine exits)."""
+    settings = _settings(config_file, collect_overrides(kwargs))
+    _serve(settings, list(engine_command), engine_log, engine_start_timeout)
 
+
+@main.command()
+@_CONFIG
+@_ENGINE_LOG
+@click.option("--kv-tokens", type=int, default=173_200, show_default=True, help="KV pool of the simulated engine (tokens).")
+@click.option("--engine-port", type=int, default=30000, show_default=True, help="Port of the simulated engine (127.0.0.1).")
+@click.option("--engine-policy", default="session_ttl", show_default=True,
+              help="Its --radix-eviction-policy: session_ttl (this project's plugin), lru (stock SGLang), ...")
+@settings_options
+def demo(config_file: str | None, engine_log: str | None, kv_tokens: int, engine_port: int, engine_policy: str,
+         **kwargs: Any) -> None:
+    """The main job on any machine: the simulated SGLang engine (SGLang's real radix cache and this
+    project's plugin, on the CPU, in real time) on --engine-port, the sidecar in front of it; Ctrl+C
+    stops both. Needs --tokenizer (python3 -m sidecar_tools.benchmarks.qwen3_tokenizer DIR builds Qwen3's)."""
+    overrides = collect_overrides(kwargs)
+    if "sglang_url" in overrides.get("server", {}):
+        raise click.UsageError("demo starts its own engine on 127.0.0.1:--engine-port; --sglang-url is for serve")
+    url = f"http://127.0.0.1:{engine_port}"
+    overrides.setdefault("server", {})["sglang_url"] = url
+    settings = _settings(config_file, overrides)
+    tokenizer = settings.server.tokenizer
+    if not tokenizer:
+        raise click.UsageError("demo needs --tokenizer DIR (python3 -m sidecar_tools.benchmarks.qwen3_tokenizer DIR builds Qwen3's offline)")
+    if "simulate" not in tool_commands():
+        raise click.ClickException("the simulator is not installed here: pip install -e '.[plugin,bench]'")
+    engine = [sys.executable, "-m", "sidecar", "simulate", "--serve", "--host", "127.0.0.1", "--port", str(engine_port),
+              "--policy", engine_policy, "--kv-tokens", str(kv_tokens), "--tokenizer-path", tokenizer]
+    _serve(settings, engine, engine_log, start_timeout=300.0)
+
+
+def _settings(config_file: str | None, overrides: dict[str, dict[str, Any]]):
     try:
-        settings = load_settings(config_file, collect_overrides(kwargs))
+        return load_settings(config_file, overrides)
     except SettingsError as exc:
         raise click.ClickException(str(exc)) from None
-    logging.basicConfig(
-        level=settings.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+
+
+def _serve(settings, engine_command: list[str], engine_log: str | None, start_timeout: float) -> None:
+    """Serve until stopped; with an engine command, start it first and stop it afterwards."""
+    from aiohttp import web
+
+    from sidecar import logs, supervisor
+    from sidecar.server.app import StartupError, create_app, load_tokenizer
+
+    server = settings.server
+    logs.configure(server.log_level, server.log_format)
+    if engine_command and not supervisor.port_free(server.host, server.port):
+        raise click.ClickException(f"cannot listen on {server.host}:{server.port}: the address is in use")
+    engine = supervisor.EngineProcess(engine_command, server.sglang_url, engine_log) if engine_command else None
+    stops = "it" if engine is None else "it and the engine"
     try:
-        tokenizer = load_tokenizer(settings.server.tokenizer) if settings.server.tokenizer else None
-        app = create_app(settings, tokenizer=tokenizer)
-        app.on_startup.append(_tune_gc_for_serving)  # after the app's own startup (tokenizer loaded)
-        web.run_app(
-            app,
-            loop=new_event_loop(settings.server.event_loop),
-            host=settings.server.host,
-            port=settings.server.port,
-            handler_cancellation=True,
-            access_log=None,
-            print=lambda msg: click.echo(msg, err=True),
-        )
-    except StartupError as exc:
+        with supervisor.stop_signals_interrupt():
+            tokenizer = load_tokenizer(server.tokenizer) if server.tokenizer else None
+            if engine is not None:
+                engine.start()
+                engine.wait_ready(start_timeout)
+                stops += f" (pid {engine.pid})"
+            app = create_app(settings, tokenizer=tokenizer)
+            app.on_startup.append(_tune_gc_for_serving)  # after the app's own startup (tokenizer loaded)
+            if engine is not None:
+                app.cleanup_ctx.append(supervisor.engine_watch(engine))
+            web.run_app(
+                app,
+                loop=new_event_loop(server.event_loop),
+                host=server.host,
+                port=server.port,
+                handler_cancellation=True,
+                access_log=None,
+                print=lambda _: click.echo(
+                    f"\nsidecar ready: point an OpenAI client at http://{server.host}:{server.port}/v1 "
+                    f"(Ctrl+C stops {stops})\n",
+                    err=True,
+                ),
+            )
+    except KeyboardInterrupt:  # Ctrl+C, SIGTERM or SIGHUP before serving began
+        pass
+    except (StartupError, supervisor.EngineFailed) as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
-        raise click.ClickException(f"cannot listen on {settings.server.host}:{settings.server.port}: {exc}") from None
+        raise click.ClickException(f"cannot listen on {server.host}:{server.port}: {exc}") from None
+    finally:
+        if engine is not None:
+            engine.stop()
+    if engine is not None and engine.exited_first:
+        raise click.ClickException(f"the engine exited (code {engine.exit_code()}); the sidecar stopped with it")
 
 
 FULL_GC_AFTER_GEN1_PASSES = 100  # CPython's default is 10

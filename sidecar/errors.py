@@ -50,6 +50,13 @@ def engine_timeout(message: str) -> APIError:
     return APIError(504, message, type="timeout", code="engine_timeout")
 
 
+def model_not_found(model: str) -> APIError:
+    """OpenAI's answer to a ``model`` it does not serve."""
+    return APIError(
+        404, f"The model `{model}` does not exist or you do not have access to it.", param="model", code="model_not_found"
+    )
+
+
 def body_too_large(detail: str = "") -> APIError:
     return APIError(413, f"request body too large{': ' + detail if detail else ''}", code="body_too_large")
 

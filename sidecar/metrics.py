@@ -1,15 +1,56 @@
-"""The sidecar's own Prometheus metrics, on a registry of their own (served at GET /metrics)."""
+"""The sidecar's own Prometheus metrics, on a registry of their own (served at GET /metrics).
+
+Names follow Prometheus' conventions: base units in the name (``_seconds``, ``_tokens``),
+counters exposed with ``_total``. The ``_created`` series prometheus-client adds to every counter
+and histogram are switched off (process-wide): they double the exposition and no dashboard reads
+them.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from collections.abc import Callable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+CLIENT_CLOSED = 499  # status of a request whose client went away before the answer ended (nginx's code)
+SESSION_STATES = ("generating", "leased", "idle")
+LATENCY_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2.5)
+
+
+class _SessionStates(Collector):
+    """``sidecar_sessions_by_state``: counted at scrape time from the session store."""
+
+    def __init__(self) -> None:
+        self.counts: Callable[[], Mapping[str, int]] = dict
+
+    def collect(self):
+        family = GaugeMetricFamily(
+            "sidecar_sessions_by_state",
+            "Sessions by state: generating (a request in flight or waiting for admission), leased "
+            "(idle under the lease the sidecar requested), idle.",
+            labels=["state"],
+        )
+        counts = self.counts()
+        for state in SESSION_STATES:
+            family.add_metric([state], counts.get(state, 0))
+        yield family
 
 
 class SidecarMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
+        disable_created_metrics()
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.requests = Counter("sidecar_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
+        self.requests = Counter(
+            "sidecar_requests",
+            f"HTTP requests by route and status ({CLIENT_CLOSED}: the client closed the connection before the answer ended)",
+            ["route", "status"],
+            registry=r,
+        )
         self.turns = Counter(
             "sidecar_turns", "Chat turns by how the session was found: continued, new, branch", ["kind"], registry=r
         )
@@ -17,6 +58,8 @@ class SidecarMetrics:
         self.cached_tokens = Counter("sidecar_cached_tokens", "Prompt tokens SGLang served from cache", registry=r)
         self.completion_tokens = Counter("sidecar_completion_tokens", "Tokens generated", registry=r)
         self.sessions = Gauge("sidecar_sessions", "Sessions the sidecar remembers", registry=r)
+        self._session_states = _SessionStates()
+        r.register(self._session_states)
         self.sessions_closed = Counter("sidecar_sessions_closed", "Sessions closed in SGLang and forgotten", ["reason"], registry=r)
         self.engine_capacity = Gauge(
             "sidecar_engine_capacity_tokens",
@@ -28,9 +71,34 @@ class SidecarMetrics:
             "sidecar_engine_info_known", "1 once SGLang told its capacity and limits (new sessions wait for it)", registry=r
         )
         self.latency = Histogram(
-            "sidecar_request_seconds",
+            "sidecar_request_duration_seconds",
             "Time from request to last byte, by route",
             ["route"],
-            buckets=(0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.ttft = Histogram(
+            "sidecar_time_to_first_token_seconds",
+            "Time from the start of a turn (request read, admission wait included) to SGLang's first token",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "sidecar_inter_token_latency_seconds",
+            "Time between tokens as they arrive from SGLang (a chunk of n tokens counts n times its interval / n)",
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.engine_up = Gauge(
+            "sidecar_engine_up", "1 while every SGLang worker answers /health (probed every few seconds), else 0", registry=r
+        )
+
+    def count_session_states(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        """Where ``sidecar_sessions_by_state`` reads its counts ({state: sessions}) at scrape time."""
+        self._session_states.counts = counts
+
+    def observe_tokens(self, interval_s: float, n_tokens: int) -> None:
+        """``n_tokens`` new tokens arrived ``interval_s`` after the previous ones (as SGLang counts)."""
+        per_token = interval_s / n_tokens
+        for _ in range(n_tokens):
+            self.itl.observe(per_token)

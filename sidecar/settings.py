@@ -30,6 +30,11 @@ class ServerSettings(BaseModel):
     model_name: str | None = Field(
         None, description="Model id served on /v1/models. Default: SGLang's served_model_name."
     )
+    accept_any_model: bool = Field(
+        False,
+        description="Accept any `model` in requests. Off: a name other than the served model (/v1/models) is a "
+        "404 model_not_found, as OpenAI answers; a request without `model` gets the served one.",
+    )
     tool_parser: Literal["hermes", "qwen3", "none"] = Field(
         "hermes", description="How tool calls are parsed from model output (qwen3 = hermes)."
     )
@@ -73,6 +78,16 @@ class ServerSettings(BaseModel):
         60.0, ge=0, description="Seconds past its lease an idle session is kept before it is closed."
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="Log lines as text, or as one JSON object a line (fields time, level, logger, message, "
+        "session, status, ...)."
+    )
+    log_slow_requests: float = Field(
+        30.0,
+        ge=0,
+        description="Requests taking at least this many seconds (to the last byte) are logged at info, as every "
+        "4xx/5xx is; the rest at debug (0 = only errors). Lines name the session, never message content.",
+    )
     event_loop: Literal["auto", "asyncio", "uvloop"] = Field(
         "auto",
         description="Event loop: uvloop (optional package, less CPU per request), asyncio, or auto "

@@ -60,6 +60,7 @@ class TurnState:
     n_messages: int  # messages covered, the reply included
     token_ids: IdText  # prompt ids + generated ids
     end_id: int | None  # stop token that ended the reply (None: cut by length or stop string)
+    parent: bytes | None = None  # fingerprint of the state this turn continued (None: rendered whole)
 
 
 @dataclass(eq=False)
@@ -87,6 +88,12 @@ class Session:
             return "leased"
         return "idle"
 
+    def branches(self) -> int:
+        """Histories this session can continue: its stored turn states that no later turn continued
+        (a straight chain of turns is one branch; an edited or retried turn starts another)."""
+        continued = {state.parent for state in self.turns.values()}
+        return sum(fp not in continued for fp in self.turns)
+
     def describe(self, now: float) -> dict[str, Any]:
         """The /v1/sessions entry. The lease shown is the one the sidecar *requested* (the TTL sent
         with the last turn); SGLang's plugin holds the real one and may release it early under
@@ -98,7 +105,7 @@ class Session:
             "state": self.state(now),
             "tokens": self.record.context_tokens,
             "turns": self.turn_count,
-            "branches": len(self.turns),
+            "branches": self.branches(),
             "idle_s": round(now - self.record.last_active, 3),
             "lease_remaining_s": round(max(0.0, lease_until - now), 3) if lease_until else None,
             "lease_source": "requested",

@@ -9,6 +9,8 @@ from typing import Any, Awaitable, Callable, Protocol
 
 from aiohttp import web
 
+from sidecar import logs
+
 from sidecar.errors import APIError
 from sidecar.generation.tool_parsers import Event
 from sidecar.turn.core import Turn, TurnCore
@@ -101,6 +103,7 @@ async def stream_reply(
     except APIError as err:
         if response is None:
             raise
+        logs.note_error(err.code or err.type)  # answered in-stream: the status stays 200
         await _write_quietly(response, frames.failure(err))
         raise _StreamAlreadyAnswered(response) from err
     return response

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from sidecar.engine.client import EngineClient
 from sidecar.errors import APIError, engine_error
@@ -60,8 +60,12 @@ class Generation:
         parser,
         stop: list[str] | None,
         forced_text: str | None = None,
+        on_tokens: Callable[[float, int], None] | None = None,
     ):
+        """``on_tokens(interval_s, n)`` hears of every chunk that brought n new tokens after the
+        first ones (inter-token latency)."""
         self.engine = engine
+        self.on_tokens = on_tokens
         self.payload = payload
         self.rid = payload["rid"]
         self.detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=True)
@@ -79,12 +83,18 @@ class Generation:
                 yield result.add(event)
         stopped_by_string = False
         self._engine_busy = True
+        seen, last_at = 0, 0.0
         try:
             async for chunk in self.engine.generate_stream(self.payload):
                 ids = chunk.get("output_ids") or []
                 meta = chunk.get("meta_info") or {}
-                if ids and result.first_token_at is None:
-                    result.first_token_at = time.monotonic()
+                if len(ids) > seen:
+                    now = time.monotonic()
+                    if result.first_token_at is None:
+                        result.first_token_at = now
+                    elif self.on_tokens is not None:
+                        self.on_tokens(now - last_at, len(ids) - seen)
+                    seen, last_at = len(ids), now
                 result.output_ids = ids  # a fresh list per chunk (cumulative); the detokenizer keeps its own
                 self._read_usage(meta)
                 text = self.detok.update(ids)

@@ -44,6 +44,18 @@ class Message(BaseModel):
     tool_call_id: str | None = None
     reasoning_content: str | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, content: Any) -> Any:
+        """Name a content part the text-only engine cannot take (image_url, input_audio, file, ...)
+        instead of letting the str | list union report that it is not a string."""
+        if isinstance(content, list):
+            for part in content:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind != "text":
+                    raise ValueError(f"content parts of type {kind!r} are not supported: the sidecar serves text only")
+        return content
+
     @model_validator(mode="after")
     def _check_role_fields(self) -> "Message":
         if self.role != "assistant" and self.content is None:

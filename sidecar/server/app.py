@@ -1,15 +1,18 @@
-"""The aiohttp application: factory, startup/cleanup contexts, and the session lifecycle pass.
+"""The aiohttp application: factory and startup/cleanup contexts.
 
 Startup asks SGLang who it is (/server_info: model, tokenizer path, KV capacity), loads the
-tokenizer and chat template, and builds the policy, the session store and the turn core. A
-background task forgets the sessions the policy says are done (releasing their leases in SGLang).
+tokenizer and chat template, and builds the policy, the session store and the turn core. Beside
+the requests run the background passes (``sidecar.server.background``): the session lifecycle and
+the engine health probe.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
+from collections import Counter
 from typing import Any, AsyncIterator
 
 import aiohttp
@@ -17,12 +20,15 @@ from aiohttp import web
 
 from sidecar.engine.capacity import EngineCapacity
 from sidecar.engine.client import EngineClient
+from sidecar.engine.health import EngineHealth
 from sidecar.engine.worker import Worker, Workers
 from sidecar.errors import APIError
 from sidecar.metrics import SidecarMetrics
 from sidecar.server import keys, routes
 from sidecar.server.auth import AuthConfigError, auth_middleware, build_key_store
+from sidecar.server.background import background_contexts
 from sidecar.server.middleware import error_middleware, metrics_middleware
+from sidecar.server.summary import startup_summary
 from sidecar.settings import SidecarSettings
 from sidecar.turn.core import build_core, engine_model_name
 
@@ -34,26 +40,44 @@ class StartupError(Exception):
 
 
 def load_tokenizer(path: str):
+    """The tokenizer of a local model folder, or of a Hugging Face repo id (``org/name``). A path
+    that can only be a folder and is missing gets its own message: transformers would call it a
+    malformed repo id."""
     from transformers import AutoTokenizer
 
+    if not os.path.exists(path) and _is_folder_path(path):
+        raise StartupError(f"cannot load a tokenizer from {path!r}: no such folder")
     try:
         return AutoTokenizer.from_pretrained(path)
     except Exception as exc:  # transformers raises many kinds for a bad folder
         raise StartupError(f"cannot load a tokenizer from {path!r}: {exc}") from None
 
 
+def _is_folder_path(path: str) -> bool:
+    """Absolute, relative to . or ~, or with more than one separator: not an ``org/name`` repo id."""
+    return os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1 or os.sep != "/" and os.sep in path
+
+
 async def fetch_server_info(engine: EngineClient, wait_s: float, delay: float = 1.0) -> dict[str, Any] | None:
     """SGLang's /server_info, retried for up to ``wait_s`` (SGLang often starts after the sidecar)."""
-    deadline = time.monotonic() + wait_s
+    started = time.monotonic()
+    deadline = started + wait_s
+    waited = False
     while True:
         try:
-            return await engine.server_info()
+            info = await engine.server_info()
         except APIError as exc:
             if time.monotonic() + delay > deadline:
                 log.warning("SGLang /server_info failed (%s); starting without it", exc.message)
                 return None
-            log.info("waiting for SGLang at %s (%s)", engine.base_url, exc.message)
+            if not waited:  # one line, not one per retry
+                log.info("waiting up to %g s for SGLang at %s (%s)", wait_s, engine.base_url, exc.message)
+            waited = True
             await asyncio.sleep(delay)
+            continue
+        if waited:
+            log.info("SGLang answered after %.1f s", time.monotonic() - started)
+        return info
 
 
 def create_app(settings: SidecarSettings, tokenizer=None) -> web.Application:
@@ -67,9 +91,10 @@ def create_app(settings: SidecarSettings, tokenizer=None) -> web.Application:
         middlewares=[metrics_middleware, error_middleware, auth_middleware(key_store, settings.server)],
     )
     app[keys.SETTINGS] = settings
-    app[keys.METRICS] = SidecarMetrics()
+    app[keys.METRICS] = metrics = SidecarMetrics()
+    app[keys.ENGINE_HEALTH] = EngineHealth(metrics, settings.server.sglang_url)
     app.cleanup_ctx.append(_engine_context(tokenizer))
-    app.cleanup_ctx.append(_lifecycle_context)
+    app.cleanup_ctx.extend(background_contexts())
     app.router.add_post("/v1/chat/completions", routes.chat_completions)
     app.router.add_post("/v1/messages", routes.messages)  # Anthropic's Messages API (errors in its envelope)
     app.router.add_post("/v1/messages/count_tokens", routes.count_tokens)
@@ -130,40 +155,10 @@ def configure(app: web.Application, engine: EngineClient, tokenizer, info: dict[
     except ValueError as exc:
         raise StartupError(str(exc)) from None
     metrics.sessions.set_function(lambda: len(core.sessions))
+    metrics.count_session_states(lambda: Counter(s.state(time.monotonic()) for s in core.sessions.all()))
     app[keys.WORKERS] = workers
     app[keys.RENDERER] = core.renderer
     app[keys.POLICY] = core.policy
     app[keys.SESSIONS] = core.sessions
     app[keys.TURNS] = core
-
-
-ENGINE_INFO_EVERY_S = 5.0  # how often SGLang's /server_info is read again (a restart may change it)
-
-
-async def _lifecycle_context(app: web.Application) -> AsyncIterator[None]:
-    async def sessions() -> None:
-        while True:
-            await asyncio.sleep(1.0)
-            try:
-                app[keys.SESSIONS].close_due(time.monotonic())
-            except Exception:  # noqa: BLE001 - housekeeping must never die
-                log.exception("session lifecycle pass failed")
-
-    async def engine_info() -> None:
-        while True:
-            unknown = any(not w.capacity.known for w in app[keys.WORKERS])
-            await asyncio.sleep(1.0 if unknown else ENGINE_INFO_EVERY_S)
-            try:
-                await app[keys.TURNS].refresh_engine_info()
-            except Exception:  # noqa: BLE001 - housekeeping must never die
-                log.exception("engine info refresh failed")
-
-    tasks = [asyncio.create_task(sessions()), asyncio.create_task(engine_info())]
-    yield
-    for task in tasks:
-        task.cancel()
-    for task in tasks:
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
+    log.info("%s", startup_summary(settings, workers, model_name, getattr(tokenizer, "name_or_path", "")))

@@ -30,7 +30,7 @@ from sidecar.errors import APIError
 
 log = logging.getLogger("sidecar.auth")
 
-SCOPE = "sidecar.scope"  # request key: the caller's scope ("" without auth, None if anonymous)
+SCOPE = web.RequestKey("scope", str)  # the caller's scope ("" without auth, None if anonymous)
 RELOAD_CHECK_S = 2.0
 
 

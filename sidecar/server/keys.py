@@ -6,6 +6,7 @@ from aiohttp import web
 
 from sidecar.conversation.chat_template import ChatRenderer
 from sidecar.conversation.store import SessionStore
+from sidecar.engine.health import EngineHealth
 from sidecar.engine.worker import Workers
 from sidecar.metrics import SidecarMetrics
 from sidecar.policy import SessionPolicy
@@ -19,3 +20,4 @@ RENDERER = web.AppKey("renderer", ChatRenderer)
 POLICY = web.AppKey("policy", SessionPolicy)
 SESSIONS = web.AppKey("sessions", SessionStore)
 TURNS = web.AppKey("turns", TurnCore)
+ENGINE_HEALTH = web.AppKey("engine_health", EngineHealth)

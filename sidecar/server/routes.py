@@ -66,6 +66,7 @@ async def models(request: web.Request) -> web.Response:
 async def health(request: web.Request) -> web.Response:
     workers = request.app[keys.WORKERS]
     up = await workers.healthy()
+    request.app[keys.ENGINE_HEALTH].record(up)
     capacity = [
         {"gpu_tokens": w.capacity.max_total_num_tokens, "host_tokens": w.capacity.host_tokens, "plugin": w.capacity.plugin}
         for w in workers

@@ -11,6 +11,7 @@ import logging
 import time
 from typing import AsyncIterator
 
+from sidecar import logs
 from sidecar.conversation.chat_template import ChatRenderer
 from sidecar.conversation.fingerprint import extend_fingerprint, reply_message
 from sidecar.conversation.store import Resolution, Session, SessionStore, TurnState, check_session_id
@@ -55,6 +56,10 @@ class TurnCore:
         self._info_errors: dict[Worker, APIError] = {}  # why a worker's last /server_info failed
         for worker in workers:
             self._show_capacity(worker.capacity)
+
+    def serves_model(self, model: str | None) -> bool:
+        """Whether a request's ``model`` names the served model (no name: the served one)."""
+        return model is None or model == self.model_name or self.settings.accept_any_model
 
     def turn(self, request: TurnRequest) -> Turn:
         return Turn(self, request)
@@ -156,6 +161,7 @@ class Turn:
 
     def __init__(self, core: TurnCore, request: TurnRequest):
         self.core = core
+        self.started_at = time.monotonic()  # time to first token counts from here
         self._request: TurnRequest | None = request
         self.resolution: Resolution | None = None
         self.generation: Generation | None = None
@@ -181,6 +187,7 @@ class Turn:
         core.check(req)
         explicit = check_session_id(req.session_id) if req.session_id is not None else None
         res = self.resolution = core.sessions.resolve(req.messages, explicit, req.scope)
+        logs.bind_session(res.session.public_id)
         self._n_messages = len(req.messages)
         session = res.session
         session.inflight += 1
@@ -224,7 +231,8 @@ class Turn:
         lease = self._lease = core.policy.lease_request(session.id, len(ids), now)
         params = sampling_params(req.sampling, core.settings.default_max_tokens, renderer.eos_ids, lease)
         self.generation = Generation(
-            worker.client, generate_request(ids, session.id, params), renderer.codec, parser, req.stop, forced
+            worker.client, generate_request(ids, session.id, params), renderer.codec, parser, req.stop, forced,
+            on_tokens=core.metrics.observe_tokens,
         )
 
     def _prompt_ids(self, req: TurnRequest, res: Resolution) -> IdText:
@@ -238,6 +246,9 @@ class Turn:
     async def __aexit__(self, exc_type, exc, tb) -> None:
         try:
             self.generation.close()
+            first_token_at = self.generation.result.first_token_at
+            if first_token_at is not None:  # also for a turn that failed after its first token
+                self.core.metrics.ttft.observe(first_token_at - self.started_at)
             if exc_type is None and self.generation.finished:
                 self._record()
         finally:
@@ -249,7 +260,9 @@ class Turn:
         result = gen.result
         reply = reply_message(result.content, [(c.name, c.arguments) for c in result.tool_calls])
         ids = gen.payload["input_ids"] + result.output_ids
-        core.sessions.record_turn(res.session, TurnState(extend_fingerprint(res.fingerprint, reply), self._n_messages + 1, ids, result.end_id))
+        parent = res.base.fingerprint if res.base is not None else None
+        state = TurnState(extend_fingerprint(res.fingerprint, reply), self._n_messages + 1, ids, result.end_id, parent)
+        core.sessions.record_turn(res.session, state)
         tool_names = [c.name for c in result.tool_calls]
         now = time.monotonic()
         core.policy.on_turn_end(TurnEnd(res.session.id, len(ids), tool_names, now))

@@ -62,6 +62,7 @@ from sidecar_tools.simulator.server import TIMINGS_PATH
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
+LOAD_MODEL = "load"  # the model name the sidecar serves (--model-name) and the agents ask for
 TOOLS = [
     {
         "type": "function",
@@ -219,7 +220,7 @@ def start_sidecar(cfg: LoadConfig, engine_url: str, tokenizer_dir: str, cpus: li
     if os.environ.get("LOAD_TEST_SIDECAR_LAUNCH"):  # debugging aid: e.g. a tracing wrapper around sidecar.cli
         launch = shlex.split(os.environ["LOAD_TEST_SIDECAR_LAUNCH"])
     args = [*launch, "serve", "--sglang-url", engine_url, "--host", HOST, "--port", str(port),
-            "--tokenizer", tokenizer_dir, "--log-level", "warning", *cfg.sidecar_args]
+            "--tokenizer", tokenizer_dir, "--model-name", LOAD_MODEL, "--log-level", "warning", *cfg.sidecar_args]
     return Proc("sidecar", args, cpus), f"http://{HOST}:{port}"
 
 
@@ -332,7 +333,7 @@ class Agents:
                 await asyncio.sleep(rng.lognormvariate(math.log(self.cfg.think), 0.5))
 
     async def chat(self, http, sid, messages, turn: Turn):
-        body = json.dumps({"model": "load", "messages": messages, "tools": TOOLS, "stream": True,
+        body = json.dumps({"model": LOAD_MODEL, "messages": messages, "tools": TOOLS, "stream": True,
                            "stream_options": {"include_usage": True}, "max_tokens": len(self.work.reply_ids) + 8}).encode()
         turn.sent = time.time()
         async with http.post(self.url + "/v1/chat/completions", data=body,

@@ -19,7 +19,7 @@ import shlex
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import aiohttp
 import click
@@ -29,12 +29,14 @@ from sidecar_tools.benchmarks.clients import AnthropicClient, BaseClient, Client
 from sidecar_tools.benchmarks.records import TurnRecord, save_run, summarize
 from sidecar_tools.benchmarks.textgen import TextSource
 from sidecar_tools.benchmarks.traces import PRESETS, Session, Trace, build_config, generate, read_any
+from sidecar_tools.progress import progress_bar
 
 _METRIC_NOISE = ("python_", "process_")
 
 
 async def run_session(client: Any, session: Session, records: list[TurnRecord],
-                      slots: asyncio.Semaphore | None, stop_on_error: bool) -> None:
+                      slots: asyncio.Semaphore | None, stop_on_error: bool,
+                      on_turn: Callable[[TurnRecord], None] | None = None) -> None:
     if session.start_s > client.now():
         await asyncio.sleep(session.start_s - client.now())
     queued = time.monotonic()
@@ -50,6 +52,8 @@ async def run_session(client: Any, session: Session, records: list[TurnRecord],
                                  tool_wait_s=0.0 if last else rnd.tool_wait_s)
                 records.append(rec)
                 await client.turn(conv, k, rnd, rec)
+                if on_turn is not None:
+                    on_turn(rec)
                 if not rec.ok and stop_on_error:
                     break
                 if not last and rnd.tool_wait_s > 0:
@@ -87,8 +91,10 @@ async def detect_model(http: aiohttp.ClientSession, url: str) -> str:
 async def replay(trace: Trace, *, url: str, mode: str, opts: ClientOptions, engine_url: str | None = None,
                  max_concurrent_sessions: int | None = None, time_limit_s: float = 240.0,
                  stop_on_error: bool = False, tokenizer: str | None = None, flush: bool = False,
+                 on_turn: Callable[[TurnRecord], None] | None = None,
                  ) -> tuple[dict[str, Any], list[TurnRecord]]:
-    """Run the trace; return (run dict without name/command, per-turn records)."""
+    """Run the trace; return (run dict without name/command, per-turn records). ``on_turn`` hears
+    of every turn that ended (a progress bar)."""
     # reuse idle connections for less than SGLang's 5 s keep-alive: a turn sent after a 5 s tool
     # gap must not race the server closing its connection (a spurious 'Server disconnected')
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=3.0)
@@ -109,7 +115,7 @@ async def replay(trace: Trace, *, url: str, mode: str, opts: ClientOptions, engi
         records: list[TurnRecord] = []
         t0 = time.monotonic()
         client.t0 = t0
-        tasks = [asyncio.create_task(run_session(client, s, records, slots, stop_on_error))
+        tasks = [asyncio.create_task(run_session(client, s, records, slots, stop_on_error, on_turn))
                  for s in trace.sessions]
         done, pending = await asyncio.wait(tasks, timeout=time_limit_s)
         makespan = time.monotonic() - t0
@@ -231,10 +237,11 @@ def main(url: str, mode: str, trace_path: str | None, preset: str, seed: int | N
                          close_sessions=close_sessions, request_timeout_s=request_timeout, salt=salt,
                          model=model, tools=tools)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    run, records = asyncio.run(replay(
-        trace, url=url, mode=mode, opts=opts, engine_url=engine_url,
-        max_concurrent_sessions=max_concurrent_sessions, time_limit_s=time_limit,
-        stop_on_error=on_error == "stop", tokenizer=tokenizer, flush=flush_cache))
+    with progress_bar(sum(len(s.rounds) for s in trace.sessions), name) as bar:
+        run, records = asyncio.run(replay(
+            trace, url=url, mode=mode, opts=opts, engine_url=engine_url,
+            max_concurrent_sessions=max_concurrent_sessions, time_limit_s=time_limit,
+            stop_on_error=on_error == "stop", tokenizer=tokenizer, flush=flush_cache, on_turn=lambda rec: bar.update()))
     run = {"name": name, "started_at": started, "command": command_line(click.get_current_context()), **run}
     path = save_run(out, name, run, records)
     if save_trace:

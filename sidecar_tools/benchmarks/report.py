@@ -49,8 +49,13 @@ def table(runs: list[dict[str, Any]], baseline: str | None = None) -> str:
     return "\n".join(rows) + "\n"
 
 
-def plot(runs: list[dict[str, Any]], path: str | Path, title: str = "") -> None:
-    """Three panels: makespan, recomputed history share, TTFT percentiles."""
+MIN_SHARE_AXIS_PCT = 5.0  # the recompute axis spans at least 0-5 %: a tiny share reads as tiny
+
+
+def figure(runs: list[dict[str, Any]], title: str = ""):
+    """Three panels: makespan, recomputed history share, TTFT percentiles. Every axis starts at 0
+    and every bar is labelled with its value, so one run (or shares near 0) cannot fill an axis
+    that autoscaled to it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -60,15 +65,23 @@ def plot(runs: list[dict[str, Any]], path: str | Path, title: str = "") -> None:
     s = [r["summary"] for r in runs]
     y = list(range(len(runs)))
     fig, axes = plt.subplots(1, 3, figsize=(15, 1.5 + 0.45 * len(runs)), sharey=True)
-    axes[0].barh(y, [x["makespan_s"] for x in s], color="tab:blue")
+    makespans = [x["makespan_s"] for x in s]
+    bars = axes[0].barh(y, makespans, color="tab:blue")
+    axes[0].bar_label(bars, labels=[f"{v:.1f} s" for v in makespans], padding=2, fontsize=8)
+    axes[0].set_xlim(0, 1.2 * max(makespans + [1e-9]))
     axes[0].set_xlabel("makespan (s)")
-    axes[1].barh(y, [100 * (x.get("recomputed_share") or 0) for x in s], color="tab:red")
+    shares = [x.get("recomputed_share") for x in s]
+    pct = [100 * v if v is not None else 0.0 for v in shares]
+    bars = axes[1].barh(y, pct, color="tab:red")
+    axes[1].bar_label(bars, labels=["n/a" if v is None else f"{100 * v:.1f} %" for v in shares], padding=2, fontsize=8)
+    axes[1].set_xlim(0, min(100.0, max(MIN_SHARE_AXIS_PCT, 1.2 * max(pct))))
     axes[1].set_xlabel("recomputed history (%)")
     for i, (p, c) in enumerate([("p50", "tab:green"), ("p90", "tab:orange"), ("p99", "tab:purple")]):
         axes[2].barh([v + (i - 1) * 0.27 for v in y], [x.get(f"ttft_{p}_s") or 0 for x in s], height=0.27,
                      color=c, label=p)
     axes[2].set_xlabel("TTFT (s, client)")
     axes[2].set_xscale("symlog", linthresh=0.1)
+    axes[2].set_xlim(left=0)
     axes[2].legend(loc="lower right", fontsize=8)
     axes[0].set_yticks(y, names)
     axes[0].invert_yaxis()
@@ -77,6 +90,14 @@ def plot(runs: list[dict[str, Any]], path: str | Path, title: str = "") -> None:
     if title:
         fig.suptitle(title)
     fig.tight_layout()
+    return fig
+
+
+def plot(runs: list[dict[str, Any]], path: str | Path, title: str = "") -> None:
+    """:func:`figure`, saved as a PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(runs, title)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -40,7 +40,7 @@ def _time(fn: Callable[[], Any], number: int, repeat: int) -> float:
 
 def _turn_shape(tokenizer_dir: str) -> dict[str, Any]:
     """The load test's conversation at its tenth turn, as the agent sends it."""
-    from sidecar_tools.benchmarks.load_test import REPLY_CALL, REPLY_TEXT, TOOLS
+    from sidecar_tools.benchmarks.load_test import LOAD_MODEL, REPLY_CALL, REPLY_TEXT, TOOLS
     from sidecar_tools.benchmarks.textgen import TextSource
 
     source = TextSource(tokenizer_dir)
@@ -52,7 +52,7 @@ def _turn_shape(tokenizer_dir: str) -> dict[str, Any]:
         reply_call = {"id": f"call_{k}", "type": "function", "function": {"name": "bash", "arguments": call}}
         messages.append({"role": "assistant", "content": REPLY_TEXT, "tool_calls": [reply_call]})
         messages.append({"role": "tool", "tool_call_id": f"call_{k}", "content": tools_text[k]})
-    body = {"model": "load", "messages": messages, "tools": TOOLS, "stream": True,
+    body = {"model": LOAD_MODEL, "messages": messages, "tools": TOOLS, "stream": True,
             "stream_options": {"include_usage": True}, "max_tokens": 44}
     return {"body": body, "raw": json.dumps(body).encode(), "reply": REPLY_TEXT + "\n" + REPLY_CALL}
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -80,8 +81,9 @@ class _Clock:
         return self.now
 
 
-def replay_predictive(records: list[GapRecord], settings) -> list[ReplayedGap]:
-    """Run the trace through a LeasePolicy in mode=predictive; the TTLs it chose per gap."""
+def replay_predictive(records: list[GapRecord], settings, on_gap: Callable[[], None] | None = None) -> list[ReplayedGap]:
+    """Run the trace through a LeasePolicy in mode=predictive; the TTLs it chose per gap
+    (``on_gap`` hears of each gap replayed: a progress bar)."""
     policy_settings = settings.policy.model_copy(update={"mode": "predictive"})
     admission = settings.admission.model_copy(update={"enabled": False})
     clock = _Clock()
@@ -120,6 +122,8 @@ def replay_predictive(records: list[GapRecord], settings) -> list[ReplayedGap]:
             predicted = sessions.record(r.session_id).predicted_gap_s
             ttl_after = policy.revised_lease_ttl(r.session_id, now)
             results[i] = ReplayedGap(r, ttl_req or 0.0, ttl_after or 0.0, predicted)
+            if on_gap is not None:
+                on_gap()
             if r.gap_s is not None:
                 heapq.heappush(events, (now + r.gap_s, _RETURN, i))
         else:
@@ -187,9 +191,9 @@ def prediction_error(gaps: list[ReplayedGap]) -> dict:
     }
 
 
-def evaluate(records: list[GapRecord], settings, fixed_ttls=(2.0, 30.0, 300.0)):
+def evaluate(records: list[GapRecord], settings, fixed_ttls=(2.0, 30.0, 300.0), on_gap: Callable[[], None] | None = None):
     """(scores by policy, prediction error summary, replayed gaps) for one trace."""
-    gaps = replay_predictive(records, settings)
+    gaps = replay_predictive(records, settings, on_gap)
     rule = LeaseTtlRule(settings.policy.model_copy(update={"mode": "predictive"}))
     scores = [score("off", gaps, [0.0] * len(gaps), rule)]
     for ttl in fixed_ttls:

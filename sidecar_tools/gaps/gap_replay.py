@@ -12,6 +12,7 @@ import click
 from sidecar_tools.gaps.gap_trace import GapTraceError, read_gap_trace, write_gap_trace
 from sidecar_tools.gaps.evaluate import evaluate, segment_scores
 from sidecar_tools.gaps.synthetic_gaps import WORKLOADS, synthesize_gap_trace
+from sidecar_tools.progress import progress_bar
 from sidecar.settings import SettingsError, load_settings
 
 
@@ -118,7 +119,8 @@ def gap_replay(trace, synthetic, sessions, seed, regime_change_at, slowdown, wri
     if not records:
         raise click.ClickException("the trace holds no gaps")
     fixed = tuple(fixed_ttls) or (2.0, 30.0, 300.0)
-    scores, error, gaps = evaluate(records, settings, fixed)
+    with progress_bar(len(records), "gap-replay", unit="gap") as bar:
+        scores, error, gaps = evaluate(records, settings, fixed, on_gap=bar.update)
     n_sessions = len({r.session_id for r in records})
     never = sum(r.gap_s is None for r in records)
     zero = sum(r.gap_s == 0 for r in records)

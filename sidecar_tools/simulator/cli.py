@@ -184,6 +184,7 @@ def _replay(ctx: click.Context, kw: dict[str, Any], policy_config: dict[str, Any
     from sidecar_tools.benchmarks.records import save_run
     from sidecar_tools.benchmarks.replay import load_trace, print_summary
     from sidecar_tools.simulator.costmodel import DEFAULT_CALIBRATION
+    from sidecar_tools.progress import progress_bar
     from sidecar_tools.simulator.replay import SidecarLoop, VirtualReplay
 
     if kw["lease_ttl"] is not None and sidecar_overrides is not None:
@@ -212,10 +213,12 @@ def _replay(ctx: click.Context, kw: dict[str, Any], policy_config: dict[str, Any
         sidecar = SidecarLoop(settings, engine.kv_tokens, clock=lambda: replay.clock_now)
         sidecar_info = {"config": kw["sidecar_config"], "policy": settings.policy.model_dump(),
                         "admission": settings.admission.model_dump()}
+    bar = progress_bar(sum(len(s.rounds) for s in trace.sessions), "simulate")
     replay = VirtualReplay(trace, engine, opts, max_concurrent_sessions=kw["max_concurrent_sessions"],
-                           time_limit_s=kw["time_limit"], sidecar=sidecar)
+                           time_limit_s=kw["time_limit"], sidecar=sidecar, on_turn=lambda rec: bar.update())
     started = datetime.now(UTC).isoformat(timespec="seconds")
-    run, records = replay.run()
+    with bar:
+        run, records = replay.run()
     gap = kw["tool_wait"]
     name = kw["name"] or f"sim-{engine.policy}-{trace.name}-{'trace' if gap is None else f'{gap:g}s'}"
     run = {"name": name, "started_at": started, "command": _command_line(ctx), **run}

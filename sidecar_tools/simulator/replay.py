@@ -137,8 +137,11 @@ class _Event:
 class VirtualReplay:
     def __init__(self, trace: Trace, engine: SimEngine, opts: ClientOptions, *,
                  max_concurrent_sessions: int | None = None, time_limit_s: float | None = None,
-                 sidecar: SidecarLoop | None = None, stop_on_error: bool = False):
+                 sidecar: SidecarLoop | None = None, stop_on_error: bool = False,
+                 on_turn: Callable[[TurnRecord], None] | None = None):
+        """``on_turn`` hears of every turn that ended (a progress bar)."""
         self.trace, self.engine, self.opts = trace, engine, opts
+        self.on_turn = on_turn
         self.client = GenerateClient(None, "", trace, opts)  # only its content/ids logic is used
         self.max_concurrent = max_concurrent_sessions
         self.time_limit_s = time_limit_s
@@ -283,6 +286,8 @@ class VirtualReplay:
         if self.sidecar is not None and rec.error != "http 429: admission queue full":
             self.sidecar.end_turn(sid, len(st.conv.ids), [n for n in rnd.called_tools() or [] if n], ok)
         self._last_end = max(self._last_end, now)
+        if self.on_turn is not None:
+            self.on_turn(rec)
         last = k == len(session.rounds) - 1
         if last or (not ok and self.stop_on_error):
             self._finish_session(st, now)

@@ -58,6 +58,10 @@ def test_unloadable_tokenizer_is_one_clear_message(tmp_path):
     result = CliRunner().invoke(main, ["serve", "--tokenizer", str(tmp_path / "nowhere")])
     assert result.exit_code != 0
     assert "cannot load a tokenizer" in result.output and "Traceback" not in result.output
+    assert "no such folder" in result.output and "Repo id" not in result.output  # not a malformed hub id
+    (tmp_path / "empty").mkdir()
+    result = CliRunner().invoke(main, ["serve", "--tokenizer", str(tmp_path / "empty")])
+    assert result.exit_code != 0 and "cannot load a tokenizer" in result.output and "Traceback" not in result.output
 
 
 def test_flag_values_are_validated(tmp_path):

@@ -21,7 +21,7 @@ def test_one_session_continues_token_exactly_across_all_three_doors(sglang_doubl
         messages = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0)
 
         first = chat.chat.completions.create(
-            model="any", messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Find the bug."}],
+            model=chat.models.list().data[0].id, messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Find the bug."}],
             tools=[{"type": "function", "function": READ_FILE}],
         ).choices[0].message
         call0 = first.tool_calls[0]

@@ -50,7 +50,8 @@ async def _chat(client, body, headers=None):
 async def test_non_stream_reply_with_usage_and_session_tag(sidecar, qwen3_tokenizer):
     client, double = sidecar
     double.responder = scripted_responder(_encode(qwen3_tokenizer, "Hello there!") + [IM_END_ID])
-    status, body = await _chat(client, {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20})
+    model = double.served_model_name
+    status, body = await _chat(client, {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20})
     assert status == 200, body
     assert body["object"] == "chat.completion"
     choice = body["choices"][0]
@@ -261,7 +262,7 @@ async def test_models_health_metrics(sidecar):
         ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n=1"),
         ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "content"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "'image_url' are not supported"),
         ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tools"),
         ({"messages": "hello"}, "messages"),
         (["not", "an", "object"], "object"),
@@ -274,6 +275,36 @@ async def test_bad_input_gets_openai_style_400(sidecar, body, fragment):
     assert err["error"]["type"] == "invalid_request_error"
     assert fragment in err["error"]["message"]
     assert double.requests == []
+
+
+async def test_a_model_it_does_not_serve_is_a_404_as_openai_answers(sidecar):
+    client, double = sidecar
+    hi = [{"role": "user", "content": "hi"}]
+    status, err = await _chat(client, {"model": "gpt-4o", "messages": hi})
+    assert status == 404, err
+    assert err["error"]["code"] == "model_not_found" and err["error"]["param"] == "model"
+    assert "gpt-4o" in err["error"]["message"] and double.requests == []
+    assert (await _chat(client, {"model": double.served_model_name, "messages": hi}))[0] == 200
+    assert (await _chat(client, {"messages": hi}))[0] == 200  # no model: the served one
+    lenient = await client.make(accept_any_model=True)
+    resp = await lenient.post("/v1/chat/completions", json={"model": "gpt-4o", "messages": hi})
+    assert resp.status == 200
+
+
+async def test_sessions_count_branches_not_stored_turns(sidecar):
+    client, _ = sidecar
+    headers = {"X-Session-Id": "tree"}
+    messages = [{"role": "user", "content": "start"}]
+    for k in range(3):  # a straight chain of three turns
+        _, reply = await _chat(client, {"messages": messages}, headers)
+        messages += [reply["choices"][0]["message"], {"role": "user", "content": f"next {k}"}]
+
+    async def listed():
+        return next(s for s in (await (await client.get("/v1/sessions")).json())["data"] if s["id"] == "tree")
+
+    assert (await listed())["turns"] == 3 and (await listed())["branches"] == 1
+    await _chat(client, {"messages": [{"role": "user", "content": "start over, edited"}]}, headers)
+    assert (await listed())["turns"] == 4 and (await listed())["branches"] == 2
 
 
 async def test_malformed_json_and_oversize_bodies(sidecar):

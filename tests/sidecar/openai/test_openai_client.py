@@ -32,6 +32,11 @@ def agent(sglang_double_thread, qwen3_tokenizer_dir, qwen3_tokenizer):
         yield OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0), double
 
 
+def _served(client) -> str:
+    """The model id an agent reads from /v1/models (the sidecar refuses other names)."""
+    return client.models.list().data[0].id
+
+
 def _agent_responder(tokenizer):
     """A model that calls read_file for three turns, then answers."""
 
@@ -55,7 +60,7 @@ def test_multi_turn_agent_conversation_cached_tokens_grow(agent, qwen3_tokenizer
     ]
     usages = []
     for turn in range(4):
-        reply = client.chat.completions.create(model="any", messages=messages, tools=TOOLS)
+        reply = client.chat.completions.create(model=_served(client), messages=messages, tools=TOOLS)
         choice = reply.choices[0]
         usages.append(reply.usage)
         messages.append(choice.message.model_dump(exclude_none=True))
@@ -79,7 +84,7 @@ def test_streaming_with_tools_through_openai_client(agent, qwen3_tokenizer):
     client, double = agent
     double.responder = _agent_responder(qwen3_tokenizer)
     stream = client.chat.completions.create(
-        model="any",
+        model=_served(client),
         messages=[{"role": "user", "content": "Find the bug."}],
         tools=TOOLS,
         tool_choice="auto",
@@ -107,5 +112,8 @@ def test_openai_client_sees_clean_errors(agent):
     import openai
 
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="any", messages=[{"role": "user", "content": "x"}], n=3)
+        client.chat.completions.create(model=_served(client), messages=[{"role": "user", "content": "x"}], n=3)
     assert "n=1" in info.value.message
+    with pytest.raises(openai.NotFoundError) as info:  # as OpenAI answers a model it does not serve
+        client.chat.completions.create(model="gpt-nonexistent", messages=[{"role": "user", "content": "x"}])
+    assert info.value.code == "model_not_found" and info.value.param == "model"

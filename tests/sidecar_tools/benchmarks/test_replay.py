@@ -125,7 +125,7 @@ async def test_openai_tool_calls_become_tool_messages(sglang_double, make_sideca
     url, received = await make_sidecar_front(sglang_double)
     trace = Trace(name="t", sessions=[Session(session_id="s", rounds=[
         Round(append_tokens=5, output_tokens=len(call)), Round(append_tokens=7, output_tokens=len(call))])])
-    run, records = await replay(trace, url=url, mode="openai", opts=ClientOptions(model="m"))
+    run, records = await replay(trace, url=url, mode="openai", opts=ClientOptions())
     assert run["summary"]["turns_ok"] == 2, run["summary"]["errors"]
     msgs = received[-1]["messages"]
     call_id = msgs[-2]["tool_calls"][0]["id"]
@@ -134,7 +134,7 @@ async def test_openai_tool_calls_become_tool_messages(sglang_double, make_sideca
     assert len(msgs[-1]["content"].split()) == 7
     assert records[1].history_tokens == records[0].prompt_tokens + records[0].completion_tokens > 0
     # Without tools the client declares none, and the reply stays text (no tool message follows).
-    run, _ = await replay(trace, url=url, mode="openai", opts=ClientOptions(model="m", tools=False, salt="plain"))
+    run, _ = await replay(trace, url=url, mode="openai", opts=ClientOptions(tools=False, salt="plain"))
     assert run["summary"]["turns_ok"] == 2, run["summary"]["errors"]
     assert "tools" not in received[-1] and received[-1]["messages"][-1]["role"] == "user"
 
@@ -212,3 +212,10 @@ async def test_anthropic_mode_through_the_sidecar_is_one_session_per_agent(aioht
             assert cur.cached_tokens >= prev.prompt_tokens + prev.completion_tokens - 1
     last = qwen3_tokenizer.decode(sglang_double.requests[-1]["input_ids"])
     assert last.count("<tool_response>") == 2 and all(r["sampling_params"]["ignore_eos"] for r in sglang_double.requests)
+
+
+async def test_every_finished_turn_reaches_the_progress_hook(sglang_double):
+    sglang_double.faults.fail_next, sglang_double.faults.fail_status = 3, 500
+    seen = []
+    run, records = await replay(small_trace(), url=sglang_double.url, mode="generate", opts=ClientOptions(), on_turn=seen.append)
+    assert sorted(seen, key=id) == sorted(records, key=id) and len(seen) == run["summary"]["turns_planned"]

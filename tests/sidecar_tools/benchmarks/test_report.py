@@ -28,3 +28,22 @@ def test_table_and_png(tmp_path):
     assert res.exit_code == 0, res.output
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
     assert "Speed-up vs `a-lru`" in (tmp_path / "t.md").read_text()
+
+
+def test_one_run_with_almost_no_recompute_does_not_fill_the_axis(tmp_path):
+    """A lone bar must not set its own axis: 0.01 % recompute reads as 0.0 % on a 0-5 % axis."""
+    import matplotlib.pyplot as plt
+
+    from sidecar_tools.benchmarks.report import figure
+
+    _save(tmp_path, "only", 60.0, 0.0)
+    (run,) = find_runs([str(tmp_path)])
+    run["summary"]["recomputed_share"] = 0.0001
+    fig = figure([run])
+    makespan, share, ttft = fig.axes
+    assert share.get_xlim() == (0.0, 5.0)
+    assert [t.get_text() for t in share.texts] == ["0.0 %"]
+    assert makespan.get_xlim()[0] == 0 and makespan.get_xlim()[1] > 60.0
+    assert [t.get_text() for t in makespan.texts] == ["60.0 s"]
+    assert ttft.get_xlim()[0] == 0
+    plt.close(fig)

@@ -223,3 +223,12 @@ def test_tracelab_round_trace_gaps_keep_the_recorded_timeline(tmp_path):
     records = read_gap_trace(path)
     assert [(r.t, r.gap_s, r.tool_names, r.context_tokens) for r in records] == [
         (4.0, 6.0, ["Bash"], 1100), (12.0, None, [], 1550)]
+
+
+def test_every_gap_reaches_the_progress_hook():
+    from sidecar_tools.gaps.evaluate import evaluate
+
+    records = synthesize_gap_trace("coding-agent", 5, 0)
+    ticks = []
+    evaluate(records, load_settings(), on_gap=lambda: ticks.append(1))
+    assert len(ticks) == len(records)

@@ -123,3 +123,16 @@ def test_target_from_a_gpu_turns_csv(tmp_path):
     (t,) = collect_targets([str(tmp_path)], None, 173_200)
     assert t["name"] == "lru-generate-5s" and t["sim"]["tool_wait"] == 5.0 and t["sim"]["policy"] == "lru"
     assert t["gpu"]["makespan_s"] == 2.5 and t["fit"]
+
+
+def test_every_simulated_turn_reaches_the_progress_hook(cost):
+    from sidecar_tools.benchmarks.clients import ClientOptions
+    from sidecar_tools.benchmarks.traces import build_config, generate
+    from sidecar_tools.simulator.engine import SimEngine
+    from sidecar_tools.simulator.replay import VirtualReplay
+
+    trace = generate(build_config("reference", sessions=3, turns=3))
+    seen = []
+    replay = VirtualReplay(trace, SimEngine(kv_tokens=40_000, policy="lru", cost=cost), ClientOptions(), on_turn=seen.append)
+    run, records = replay.run()
+    assert len(seen) == 9 == run["summary"]["turns_ok"] and sorted(map(id, seen)) == sorted(map(id, records))

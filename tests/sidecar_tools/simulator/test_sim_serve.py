@@ -92,8 +92,9 @@ def test_the_sidecar_runs_end_to_end_against_the_simulated_engine(cost, qwen3_to
             messages = [{"role": "system", "content": "You are a careful coding agent."},
                         {"role": "user", "content": "Find the bug in main.py. " * 20}]
             usages = []
+            model = client.models.list().data[0].id
             for turn in range(2):
-                reply = client.chat.completions.create(model="any", messages=messages, max_tokens=12,
+                reply = client.chat.completions.create(model=model, messages=messages, max_tokens=12,
                                                        extra_headers={"X-Session-Id": "agent-1"})
                 usages.append(reply.usage)
                 messages.append({"role": "assistant", "content": reply.choices[0].message.content})

@@ -1,0 +1,81 @@
+"""What runs beside the requests while the app serves: the session lifecycle pass (forget the
+sessions the policy says are done, releasing their leases in SGLang), the engine health probe
+(``sidecar_engine_up``, and a log line when SGLang stops answering or is back) and the engine info
+refresh (/server_info read again: every second until SGLang told its capacity, then every few
+seconds, so a restarted SGLang is read afresh)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
+from typing import AsyncIterator
+
+from aiohttp import web
+
+from sidecar.server import keys
+
+log = logging.getLogger("sidecar")
+
+LIFECYCLE_INTERVAL_S = 1.0
+PROBE_INTERVAL_S = 5.0
+ENGINE_INFO_INTERVAL_S = 5.0
+
+
+def every(interval_s: float, step: Callable[[web.Application], Awaitable[None] | None], what: str):
+    """A cleanup context that runs ``step(app)`` every ``interval_s`` seconds while the app serves;
+    a step that fails is logged and the next one runs anyway (housekeeping must never die)."""
+
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        async def loop() -> None:
+            while True:
+                try:
+                    result = step(app)
+                    if inspect.isawaitable(result):
+                        await result
+                except Exception:  # noqa: BLE001
+                    log.exception("%s failed", what)
+                await asyncio.sleep(interval_s)
+
+        task = asyncio.create_task(loop())
+        yield
+        task.cancel()
+        with suppress(asyncio.CancelledError):
+            await task
+
+    return context
+
+
+def close_due_sessions(app: web.Application) -> None:
+    app[keys.SESSIONS].close_due(time.monotonic())
+
+
+async def probe_engine(app: web.Application) -> None:
+    app[keys.ENGINE_HEALTH].record(await app[keys.WORKERS].healthy())
+
+
+def refresh_engine_info() -> Callable[[web.Application], Awaitable[None]]:
+    """A step for ``every(1 s)``: at once while a worker's capacity is unknown, else every
+    ``ENGINE_INFO_INTERVAL_S``."""
+    last = float("-inf")
+
+    async def step(app: web.Application) -> None:
+        nonlocal last
+        now = time.monotonic()
+        unknown = any(not worker.capacity.known for worker in app[keys.WORKERS])
+        if unknown or now - last >= ENGINE_INFO_INTERVAL_S:
+            last = now
+            await app[keys.TURNS].refresh_engine_info()
+
+    return step
+
+
+def background_contexts() -> list:
+    return [
+        every(LIFECYCLE_INTERVAL_S, close_due_sessions, "session lifecycle pass"),
+        every(PROBE_INTERVAL_S, probe_engine, "engine health probe"),
+        every(1.0, refresh_engine_info(), "engine info refresh"),
+    ]
