@@ -13,6 +13,12 @@ synchronous ``offer_admission`` on the real ``AdmissionGate``, pumped in virtual
 policy's own calls and the gate's poll interval), ``on_request``/``lease_ttl`` (the TTL
 travels to the plugin as ``custom_params.session_lease_ttl_s``), ``on_turn_end``,
 ``release_admission`` and the once-a-second ``sessions_to_close`` pass.
+
+SEAM (``session_expected_back_s``): the sidecar's policy does not yet say when a session is
+expected back, which the plugin needs, with a host tier, to lock due KV and prefetch it.
+``SidecarLoop.expected_return`` is the one place that asks the policy for it (a method of that
+name, once the policy has one); ``VirtualReplay(expected_back_oracle=True)`` sends the trace's own
+next gap instead - an upper bound for what-if runs, not a prediction.
 """
 
 from __future__ import annotations
@@ -77,6 +83,13 @@ class SidecarLoop:
         self.policy.on_request(session_id, prompt_tokens, now)
         return self.policy.lease_ttl(session_id, prompt_tokens, now)
 
+    def expected_return(self, session_id: str, now: float) -> tuple[float, float] | None:
+        """SEAM: (seconds after this request finishes the session is expected back, how much
+        earlier it may come) - what the sidecar would send as ``session_expected_back_s`` /
+        ``session_expected_spread_s``; None while the policy has no ``expected_return``."""
+        ask = getattr(self.policy, "expected_return", None)
+        return ask(session_id, now) if ask is not None else None
+
     def end_turn(self, session_id: str, context_tokens: int, tool_names: list[str], ok: bool) -> None:
         from sidecar.policy import TurnEnd
 
@@ -123,13 +136,15 @@ class _Event:
 class VirtualReplay:
     def __init__(self, trace: Trace, engine: SimEngine, opts: ClientOptions, *,
                  max_concurrent_sessions: int | None = None, time_limit_s: float | None = None,
-                 sidecar: SidecarLoop | None = None, stop_on_error: bool = False):
+                 sidecar: SidecarLoop | None = None, stop_on_error: bool = False,
+                 expected_back_oracle: bool = False):
         self.trace, self.engine, self.opts = trace, engine, opts
         self.client = GenerateClient(None, "", trace, opts)  # only its content/ids logic is used
         self.max_concurrent = max_concurrent_sessions
         self.time_limit_s = time_limit_s
         self.sidecar = sidecar
         self.stop_on_error = stop_on_error
+        self.expected_back_oracle = expected_back_oracle
         self.records: list[TurnRecord] = []
         self._events: list[_Event] = []
         self._seq = itertools.count()
@@ -225,7 +240,7 @@ class VirtualReplay:
         session, k = st.session, st.k
         rnd = session.rounds[k]
         sid = self.client.session_id(session)
-        custom = lease_params(ttl) if ttl is not None else None
+        custom = lease_params(ttl, *(self._expected_return(st, sid) or ())) if ttl is not None else None
         sim = SimRequest(
             rid=f"sim-{next(self._rid)}", input_ids=ids, max_new_tokens=rnd.output_tokens,
             session_id=sid if self.opts.send_session_id else None, ignore_eos=True, custom_params=custom,
@@ -240,6 +255,13 @@ class VirtualReplay:
             self._complete(st, rec, ids, [], ok=False)
             return
         self.engine.notify()
+
+    def _expected_return(self, st: _SessionState, sid: str) -> tuple[float, float] | None:
+        """What the lease says about the session's return (see the module's SEAM note)."""
+        if self.expected_back_oracle:
+            last = st.k == len(st.session.rounds) - 1
+            return None if last else (st.session.rounds[st.k].tool_wait_s, 0.0)
+        return self.sidecar.expected_return(sid, self.clock_now) if self.sidecar is not None else None
 
     def _on_reply(self, st: _SessionState, rec: TurnRecord, ids: list[int], sim: SimRequest) -> None:
         if not sim.finished:

@@ -196,7 +196,8 @@ class SimServer:
             "request_received_ts": received,
         }
         if sim.cached_tokens > 0:
-            meta["cached_tokens_details"] = {"device": sim.cached_tokens, "host": 0}
+            meta["cached_tokens_details"] = {"device": sim.cached_tokens - sim.cached_tokens_host,
+                                             "host": sim.cached_tokens_host}
         if sim.first_token_s is not None:
             meta["queue_time"] = max(0.0, (sim.first_token_s - sim.arrival_s) / self.time_scale)
         return meta
@@ -310,7 +311,9 @@ class SimServer:
             "schedule_policy": "fcfs", "load_format": "dummy", "status": "ready",
             "max_total_num_tokens": e.kv_tokens, "max_req_input_len": e.max_req_input_len,
             "startup_time": self._startup, "internal_states": [state], "version": SGLANG_VERSION,
+            **e.hicache_server_args(),
             "simulated": True, "time_scale": self.time_scale, "cost_model": e.cost.to_dict(),
+            "simulated_host_pool_tokens": e.host_pool_tokens(),
         }
 
     async def handle_server_info(self, request: web.Request) -> web.Response:
