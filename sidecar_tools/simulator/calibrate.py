@@ -345,8 +345,9 @@ def run_calibration(runs: list[str], targets_path: list[str] | str | None, kv_to
             created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             command=command,
             description="Step-time cost model of SGLang 0.5.23 serving Qwen3-8B (dummy weights, bf16) on one "
-                        "H200, Python radix TreeCore, chunked prefill 8192, overlap scheduler on. "
-                        "See simulator/costmodel.py for the formula.",
+                        "H200, Python radix TreeCore, chunked prefill 8192, overlap scheduler on, and of its "
+                        "host tier (HiCache: host<->GPU copy rates and latencies, layers a load is pipelined "
+                        "over). See simulator/costmodel.py for the formulas.",
             sources=[{"name": t["name"], "fit": t.get("fit") or False, "source": t.get("source"), "gpu": t["gpu"],
                       "sim": t.get("sim"), "note": t.get("note")} for t in targets],
             fit=info,

@@ -187,3 +187,42 @@ async def test_serve_reports_the_host_tier_in_server_info_and_metrics(cost):
     assert evicted == ['sglang:evicted_tokens_total{cache_type="UnifiedRadixCache",dp_rank="0",pp_rank="0",tp_rank="0"}']
     assert values[evicted[0]] > 0
     assert any(k.startswith("sglang:load_back_duration_seconds_count") for k in values)
+
+
+def test_cli_runs_with_the_host_tier_and_records_it(tmp_path):
+    from click.testing import CliRunner
+
+    from sidecar.cli import main
+
+    result = CliRunner().invoke(main, [
+        "simulate", "--synthetic", "reference", "--sessions", "3", "--turns", "3", "--kv-tokens", "12000",
+        "--hicache-ratio", "2", "--hicache-write-policy", "write_through_selective", "--out", str(tmp_path),
+        "--name", "tiered"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    run = json.loads((tmp_path / "tiered.json").read_text())
+    tier = run["config"]["hicache"]
+    assert tier["enable_hierarchical_cache"] and tier["hicache_ratio"] == 2.0
+    assert tier["hicache_write_policy"] == "write_through_selective" and tier["host_pool_tokens"] == 24_001
+    assert "--hicache-ratio 2.0" in run["command"]
+    bad = CliRunner().invoke(main, ["simulate", "--hicache-ratio", "0"])
+    assert bad.exit_code == 2 and "--hicache-ratio must be positive" in bad.output
+
+
+def test_a_gpu_hicache_run_becomes_a_host_tier_target(tmp_path):
+    """``simulate calibrate DIR`` on run_matrix.sh output: the host pool comes from SGLang's own
+    gauge, and a stock HiCache run informs only the host-tier coefficients."""
+    from sidecar_tools.simulator.calibrate import informs, target_from_run
+
+    run = {"name": "hicache-0.5s", "summary": {"makespan_s": 70.0}, "config": {"mode": "openai"},
+           "trace": {"meta": {"generator": {"name": "reference"}}},
+           "metrics": {"engine": {"gauges_after": {'sglang:hicache_host_total_tokens{model_name="m"}': 519_601.0}}}}
+    (tmp_path / "hicache-0.5s.json").write_text(json.dumps(run))
+    target = target_from_run(tmp_path / "hicache-0.5s.json")
+    assert target["sim"]["hicache_size_tokens"] == 519_600 and target["sim"]["policy"] == "lru"
+    assert informs(target, ["host_load_tokens_per_s"]) and not informs(target, ["step_s"])
+    lru = {"fit": True, "sim": {"policy": "lru"}}
+    assert informs(lru, ["step_s"]) and not informs(lru, ["host_load_tokens_per_s"])
+    overload = {**run, "name": "product-overload", "metrics": {}}
+    (tmp_path / "product-overload.json").write_text(json.dumps(overload))
+    spec = target_from_run(tmp_path / "product-overload.json")["sim"]
+    assert spec["hicache_ratio"] == 1.0 and spec["policy"] == "session_ttl" and spec["sidecar"]
