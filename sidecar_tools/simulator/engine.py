@@ -154,6 +154,7 @@ class SimEngine:
         self.host_tier = host_tier
         self.copies: CopyEngine | None = None
         self.host_metrics: Any = None  # SGLang's radix-cache metrics (Prometheus registry), host tier only
+        self._server_args: dict[str, Any] | None = None
         if host_tier is not None:
             self._attach_host_tier(host_tier)
 
@@ -166,7 +167,6 @@ class SimEngine:
         host_tokens = args.host_tokens(self.kv_tokens, cost.kv_bytes_per_token)
         attach_host_tier(self.cache, host_tokens=host_tokens, write_policy=args.write_policy, copies=self.copies)
         self.busy_s["host_wait"] = 0.0  # the scheduler blocked on a copy (write_back eviction)
-        self._server_args: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ outside API
     @property
@@ -737,7 +737,7 @@ class SimEngine:
 
     def hicache_server_args(self) -> dict[str, Any]:
         """The HiCache fields SGLang's /server_info reports for this engine's flags."""
-        if getattr(self, "_server_args", None) is None:
+        if self._server_args is None:
             args = self.host_tier or HostTierArgs()
             self._server_args = sglang_env.hicache_server_args(
                 self.host_tier is not None, args.ratio, args.size_gb, args.write_policy)
