@@ -253,7 +253,11 @@ def _replay(ctx: click.Context, kw: dict[str, Any], policy_config: dict[str, Any
                            time_limit_s=kw["time_limit"], sidecar=sidecar,
                            expected_back_oracle=kw["expected_back_oracle"])
     started = datetime.now(UTC).isoformat(timespec="seconds")
-    run, records = replay.run()
+    try:
+        run, records = replay.run()
+    except RuntimeError as exc:  # SGLang's own failure (e.g. alloc_token_slots out of memory): its scheduler dies here
+        raise click.ClickException(f"simulated SGLang failed at t={engine.now:.3f} s (its scheduler process would "
+                                   f"exit here): {str(exc).splitlines()[0]}") from None
     gap = kw["tool_wait"]
     tier = "-hicache" if engine.host_tier is not None else ""
     name = kw["name"] or f"sim-{engine.policy}{tier}-{trace.name}-{'trace' if gap is None else f'{gap:g}s'}"

@@ -101,6 +101,7 @@ class PrefillBatch:
 
     reqs: list[Any]
     hicache_consumer_index: int = -1
+    chunks: list[tuple[int, int]] = field(default_factory=list)  # (new tokens, prefix tokens) per request
 
 
 class SimEngine:
@@ -428,6 +429,7 @@ class SimEngine:
         batch = PrefillBatch(can_run)
         if self.copies is not None:
             batch.hicache_consumer_index = self.cache.ready_to_load_host_cache()
+        self._prepare_for_extend(batch)
         return batch, self.running_batch
 
     def _allocatable(self, running_bs: int) -> int:
@@ -443,9 +445,11 @@ class SimEngine:
         for req in reversed(self.waiting[:WAITING_QUEUE_PREFIX_MATCH_MAX]):
             self.env.touch_waiting_prefix(req, self.cache)
 
-    def _run_prefill(self, batch: PrefillBatch) -> None:
+    def _prepare_for_extend(self, batch: PrefillBatch) -> None:
+        """``ScheduleBatch.prepare_for_extend``, still inside the pass (before the plugin's hook
+        may prefetch): request rows and the new tokens' KV (allocation evicts), cached tokens."""
         env, torch = self.env, self.env.torch
-        chunks = []
+        chunks = batch.chunks
         for req in batch.reqs:
             if req.kv.holds_kv:  # a later chunk: its prefix is in its own row
                 prefix = None
@@ -474,7 +478,10 @@ class SimEngine:
                     req._cache_breakdown_computed = True
             req.already_computed = req.extend_end
             chunks.append((n, req.prefix_len))
-        self._wait_for_copies()  # write_back: eviction above may have blocked on its backup
+
+    def _run_prefill(self, batch: PrefillBatch) -> None:
+        env, chunks = self.env, batch.chunks
+        self._wait_for_copies()  # write_back: the allocation's eviction may have blocked on its backup
         dt = self.cost.prefill_time(chunks)
         if batch.hicache_consumer_index >= 0:
             dt = self._prefill_time_with_load(dt, batch.hicache_consumer_index)
@@ -739,8 +746,11 @@ class SimEngine:
         """The HiCache fields SGLang's /server_info reports for this engine's flags."""
         if self._server_args is None:
             args = self.host_tier or HostTierArgs()
+            ratio = args.ratio
+            if args.size_tokens:  # the simulator's own size: the ratio SGLang would be given for it
+                ratio = args.size_tokens / self.kv_tokens
             self._server_args = sglang_env.hicache_server_args(
-                self.host_tier is not None, args.ratio, args.size_gb, args.write_policy)
+                self.host_tier is not None, ratio, 0.0 if args.size_tokens else args.size_gb, args.write_policy)
         return self._server_args
 
     def host_pool_tokens(self) -> int | None:

@@ -87,10 +87,6 @@ class HostTierArgs:
             return int(self.size_gb * 1e9 // kv_bytes_per_token)
         return int(device_tokens * (self.ratio if self.ratio is not None else self.DEFAULT_RATIO))
 
-    @property
-    def explicit_size(self) -> bool:
-        return self.ratio is not None or self.size_gb > 0 or bool(self.size_tokens)
-
 
 def _alloc_unpinned(dims, dtype, device, pin_memory, allocator, registration_granularity_bytes=None):
     """``ALLOC_MEMORY_FUNCS`` entry for a CPU-only process: nothing to pin or register."""
