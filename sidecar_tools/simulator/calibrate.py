@@ -7,10 +7,13 @@ JSONs written by ``sidecar_tools.benchmarks.replay`` / ``benchmarks/run_matrix.s
 from the run name ``<config>-<mode>-<gap>s`` and the run's own config and trace metadata), or
 from a per-turn CSV alone (reference preset, the CSV's gap).
 
-Targets marked ``"fit": true`` drive the fit; the others are held out and only compared. The
-objective is the squared log ratio of simulated to GPU makespan, plus a weak pull of every
-coefficient toward its physical prior (``CostModel()`` defaults) so an under-determined fit stays
-physical. Optimizer: ``scipy.optimize.least_squares`` over log-coefficients.
+Targets marked ``"fit": true`` drive the fit of every coefficient; ``"fit": [names]`` only the
+fit of those coefficients (the HiCache runs inform the host-tier coefficients, not the step
+times); the others are held out and only compared. A fit that starts from a calibration file
+keeps that file's earlier fits (``earlier_fits``), so the provenance of coefficients it did not
+refit stays with them. The objective is the squared log ratio of simulated to GPU makespan, plus
+a weak pull of every coefficient toward its physical prior (``CostModel()`` defaults) so an
+under-determined fit stays physical. Optimizer: ``scipy.optimize.least_squares`` over log-coefficients.
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ SUMMARY_KEYS = ("makespan_s", "recomputed_share", "ttft_p50_s", "ttft_p90_s", "t
 PRIOR_WEIGHT = 0.05  # residual per e-fold away from the prior coefficient (vs 1 per e-fold of makespan)
 TLRU_CONFIG = {"threshold": 4096, "next_prompt_estimate": 1024}
 
+HOST_FIT = ["host_load_tokens_per_s", "host_load_latency_s"]  # what a HiCache run's makespan informs
+MATRIX_HICACHE_RATIO = {"overload": 1.0}  # run_matrix.sh: HICACHE_RATIO=3, OVERLOAD_RATIO=1
+MATRIX_PRODUCT_PLUGIN = {"max_leased_fraction": 0.8}  # run_matrix.sh PLUGIN_CONFIG
+
 # run_matrix.sh config name -> how to simulate it
 MATRIX_CONFIGS: dict[str, dict[str, Any]] = {
     "lru": {"policy": "lru"},
@@ -48,7 +55,29 @@ MATRIX_CONFIGS: dict[str, dict[str, Any]] = {
     "session-radix": {"policy": "lru", "session_radix_cache": True},
     "plugin": {"policy": "session_ttl"},
     "sidecar": {"policy": "session_ttl", "sidecar": {"config": "configs/coding-agent.toml"}},
+    "hicache": {"policy": "lru", "hicache_ratio": 3.0},
+    "product": {"policy": "session_ttl", "policy_config": MATRIX_PRODUCT_PLUGIN, "hicache_ratio": 3.0,
+                "sidecar": {"config": "configs/coding-agent.toml"}},
 }
+STEP_FIT_CONFIGS = ("lru", "unconstrained", "cap12", "cap8")
+
+
+def _matrix_fit(config: str) -> bool | list[str]:
+    """Which coefficients a GPU run of this matrix config informs."""
+    if config in STEP_FIT_CONFIGS:
+        return True
+    return list(HOST_FIT) if config == "hicache" else False
+
+
+def _host_tier_spec(run: dict[str, Any], name: str) -> dict[str, Any]:
+    """The host pool of a HiCache run: SGLang's own gauge when the run scraped the engine, else
+    run_matrix.sh's ratio for the workload."""
+    gauges = ((run.get("metrics") or {}).get("engine") or {}).get("gauges_after") or {}
+    total = next((v for k, v in gauges.items() if k.split("{", 1)[0] == "sglang:hicache_host_total_tokens"), None)
+    if total:
+        return {"hicache_size_tokens": int(total) - 1}  # SGLang adds one padding page
+    workload = name.rsplit("-", 1)[-1]
+    return {"hicache_ratio": MATRIX_HICACHE_RATIO.get(workload, 3.0)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -88,6 +117,9 @@ def target_from_run(path: str | Path, kv_tokens: int = 173_200) -> dict[str, Any
     spec = dict(MATRIX_CONFIGS.get(config) or {})
     if not spec:
         return None
+    if "hicache_ratio" in spec:
+        spec.pop("hicache_ratio")
+        spec.update(_host_tier_spec(run, name))
     spec.setdefault("kv_tokens", kv_tokens)
     cfg = run.get("config", {})
     if cfg.get("max_concurrent_sessions"):
@@ -97,7 +129,7 @@ def target_from_run(path: str | Path, kv_tokens: int = 173_200) -> dict[str, Any
     meta = (run.get("trace") or {}).get("meta") or {}
     if "tool_wait_override_s" in meta:
         spec["tool_wait"] = meta["tool_wait_override_s"]
-    trace_file = path.parent / "trace.jsonl"
+    trace_file = path.parent / ("trace-overload.jsonl" if name.endswith("-overload") else "trace.jsonl")
     if trace_file.exists():
         spec["trace"] = str(trace_file)
     elif "generator" in meta:
@@ -106,8 +138,7 @@ def target_from_run(path: str | Path, kv_tokens: int = 173_200) -> dict[str, Any
         return None
     s = run["summary"]
     gpu = {k: s.get(k) for k in ("makespan_s", "recomputed_share", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s")}
-    return {"name": name, "fit": config in ("lru", "unconstrained", "cap12", "cap8"), "gpu": gpu, "sim": spec,
-            "source": str(path)}
+    return {"name": name, "fit": _matrix_fit(config), "gpu": gpu, "sim": spec, "source": str(path)}
 
 
 def target_from_turns_csv(path: str | Path, kv_tokens: int = 173_200) -> dict[str, Any] | None:
@@ -126,13 +157,14 @@ def target_from_turns_csv(path: str | Path, kv_tokens: int = 173_200) -> dict[st
     if not records:
         return None
     spec = {"preset": "reference", "kv_tokens": kv_tokens, **MATRIX_CONFIGS[config]}
+    if "hicache_ratio" in spec:
+        spec["hicache_ratio"] = MATRIX_HICACHE_RATIO.get(name.rsplit("-", 1)[-1], 3.0)
     gaps = [r.tool_wait_s for r in records if r.tool_wait_s > 0]
     if gaps:
         spec["tool_wait"] = median(gaps)
     s = summarize(records, max(r.end_s or 0.0 for r in records), None)
     gpu = {k: s.get(k) for k in ("makespan_s", "recomputed_share", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s")}
-    return {"name": name, "fit": config in ("lru", "unconstrained", "cap12", "cap8"), "gpu": gpu, "sim": spec,
-            "source": str(path)}
+    return {"name": name, "fit": _matrix_fit(config), "gpu": gpu, "sim": spec, "source": str(path)}
 
 
 def collect_targets(runs: list[str], targets_paths: list[str] | str | None, kv_tokens: int) -> list[dict[str, Any]]:
@@ -174,6 +206,16 @@ def _trace(spec: dict[str, Any]):
     return trace
 
 
+def host_tier_of(spec: dict[str, Any]):
+    """A spec's host tier (``hicache_ratio`` / ``hicache_size_tokens`` / ``hicache_write_policy``), or None."""
+    from sidecar_tools.simulator.hicache_cpu import HostTierArgs
+
+    if spec.get("hicache_ratio") is None and spec.get("hicache_size_tokens") is None:
+        return None
+    return HostTierArgs(ratio=spec.get("hicache_ratio"), size_tokens=spec.get("hicache_size_tokens"),
+                        write_policy=spec.get("hicache_write_policy", "write_through"))
+
+
 def simulate_spec(spec: dict[str, Any], cost: CostModel) -> tuple[dict[str, Any], list[Any], dict[str, Any]]:
     """Run one simulation described by ``spec``; (summary, records, run dict)."""
     from sidecar_tools.benchmarks.clients import ClientOptions
@@ -183,7 +225,7 @@ def simulate_spec(spec: dict[str, Any], cost: CostModel) -> tuple[dict[str, Any]
     trace = _trace(spec)
     engine = SimEngine(kv_tokens=int(spec.get("kv_tokens", 173_200)), policy=spec.get("policy", "lru"),
                        policy_config=spec.get("policy_config"), cost=cost,
-                       session_radix_cache=bool(spec.get("session_radix_cache")))
+                       session_radix_cache=bool(spec.get("session_radix_cache")), host_tier=host_tier_of(spec))
     opts = ClientOptions(lease_ttl_s=spec.get("lease_ttl"), close_sessions=spec.get("close_sessions", True))
     sidecar = None
     replay: VirtualReplay
@@ -195,9 +237,10 @@ def simulate_spec(spec: dict[str, Any], cost: CostModel) -> tuple[dict[str, Any]
         if config and not Path(config).exists() and (REPO_ROOT / config).exists():
             config = REPO_ROOT / config
         settings = load_settings(config, {section: dict(values) for section, values in sc.items() if values})
-        sidecar = SidecarLoop(settings, engine.kv_tokens, clock=lambda: replay.clock_now)
+        sidecar = SidecarLoop(settings, engine.kv_tokens, clock=lambda: replay.clock_now,
+                              host_tokens=engine.host_pool_tokens() or 0)
     replay = VirtualReplay(trace, engine, opts, max_concurrent_sessions=spec.get("max_concurrent_sessions"),
-                           sidecar=sidecar)
+                           sidecar=sidecar, expected_back_oracle=bool(spec.get("expected_back_oracle")))
     run, records = replay.run()
     return run["summary"], records, run
 
@@ -212,23 +255,46 @@ def compare(targets: list[dict[str, Any]], cost: CostModel) -> list[dict[str, An
         if t.get("sim") is None:
             rows.append({"name": t["name"], "fit": False, "gpu": t["gpu"], "sim": None, "note": t.get("note")})
             continue
-        s, _, _ = simulate_spec(t["sim"], cost)
+        s, _, run = simulate_spec(t["sim"], cost)
         sim = {k: s.get(k) for k in SUMMARY_KEYS}
-        rows.append({"name": t["name"], "fit": bool(t.get("fit")), "gpu": t["gpu"], "sim": sim, "note": t.get("note")})
+        row = {"name": t["name"], "fit": t.get("fit") or False, "gpu": t["gpu"], "sim": sim, "note": t.get("note")}
+        if t.get("gpu_metrics"):
+            row["gpu_metrics"], row["sim_metrics"] = t["gpu_metrics"], cache_metrics(run)
+        rows.append(row)
     return rows
+
+
+def cache_metrics(run: dict[str, Any]) -> dict[str, float]:
+    """A simulated run's cache figures, in the targets files' ``gpu_metrics`` terms."""
+    c = run["metrics"]["engine"]["counters"]
+    host = c.get("sim:cached_tokens_host_total", 0.0)
+    return {"cached_tokens_host": host, "cached_tokens_device": c.get("sglang:cached_tokens_total", 0.0) - host,
+            "evicted_tokens": c.get("sglang:evicted_tokens_total", 0.0),
+            "dropped_tokens": c.get("sglang:hicache_dropped_tokens_total", 0.0)}
+
+
+def informs(target: dict[str, Any], names: list[str]) -> bool:
+    """Whether ``target`` takes part in fitting ``names`` (its ``fit``: true = every coefficient)."""
+    marked = target.get("fit")
+    if isinstance(marked, list):
+        return bool(set(marked) & set(names))
+    if marked and host_tier_of(target.get("sim") or {}) is None:  # no host tier: no host coefficient
+        return any(n not in CostModel.HOST_FITTED for n in names)
+    return bool(marked)
 
 
 def fit(targets: list[dict[str, Any]], start: CostModel, names: list[str], max_evals: int,
         echo: Callable[[str], None] = lambda m: None) -> tuple[CostModel, dict[str, Any]]:
     from scipy.optimize import least_squares
 
-    unknown = [n for n in names if n not in CostModel.FITTED and n != "prefill_pair_ratio"]
+    fittable = (*CostModel.FITTED, *CostModel.HOST_FITTED, "prefill_pair_ratio")
+    unknown = [n for n in names if n not in fittable]
     if unknown:
-        raise ValueError(f"cannot fit {unknown}; coefficients: {list(CostModel.FITTED)}")
-    fit_targets = [t for t in targets if t.get("fit") and t.get("sim") is not None
+        raise ValueError(f"cannot fit {unknown}; coefficients: {list(fittable)}")
+    fit_targets = [t for t in targets if informs(t, names) and t.get("sim") is not None
                    and (t.get("gpu") or {}).get("makespan_s")]
     if not fit_targets:
-        raise ValueError("no targets marked fit with a GPU makespan")
+        raise ValueError(f"no targets marked fit for {names} with a GPU makespan")
     prior = CostModel()
     x0 = [math.log(getattr(start, n)) for n in names]
     evals = {"n": 0}
@@ -263,10 +329,14 @@ def run_calibration(runs: list[str], targets_path: list[str] | str | None, kv_to
                     start_path: str | None, out: str | None, max_evals: int,
                     echo: Callable[[str], None] = lambda m: None, command: str | None = None) -> dict[str, Any]:
     targets = collect_targets(runs, targets_path, kv_tokens)
+    earlier: list[dict[str, Any]] = []
     if start_path == "prior" or (start_path is None and not DEFAULT_CALIBRATION.exists()):
         start = CostModel()
     else:
-        start, _ = load_calibration(start_path)
+        start, start_doc = load_calibration(start_path)
+        earlier = earlier_fits(start_doc)
+        refit = set(names)  # the new fit supersedes earlier fits of the same coefficients
+        earlier = [f for f in earlier if not set(f.get("fitted", [])) <= refit]
     model, info = fit(targets, start, names, max_evals, echo)
     comparison = compare(targets, model)
     if out:
@@ -276,14 +346,28 @@ def run_calibration(runs: list[str], targets_path: list[str] | str | None, kv_to
             created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             command=command,
             description="Step-time cost model of SGLang 0.5.23 serving Qwen3-8B (dummy weights, bf16) on one "
-                        "H200, Python radix TreeCore, chunked prefill 8192, overlap scheduler on. "
-                        "See simulator/costmodel.py for the formula.",
-            sources=[{"name": t["name"], "fit": bool(t.get("fit")), "source": t.get("source"), "gpu": t["gpu"],
+                        "H200, Python radix TreeCore, chunked prefill 8192, overlap scheduler on, and of its "
+                        "host tier (HiCache: host<->GPU copy rates and latencies, layers a load is pipelined "
+                        "over). See simulator/costmodel.py for the formulas.",
+            sources=[{"name": t["name"], "fit": t.get("fit") or False, "source": t.get("source"), "gpu": t["gpu"],
                       "sim": t.get("sim"), "note": t.get("note")} for t in targets],
             fit=info,
+            earlier_fits=earlier,
             comparison=comparison,
         )
     return {"model": model, "fit": info, "comparison": comparison}
+
+
+def earlier_fits(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """A calibration document's fits, oldest first (its own last fit included, with its command)."""
+    out = list(doc.get("earlier_fits") or [])
+    if doc.get("fit"):
+        out.append({"created_at": doc.get("created_at"), "command": doc.get("command"), **doc["fit"]})
+    return out
+
+
+def fitted_target_names(doc: dict[str, Any]) -> set[str]:
+    return {name for f in earlier_fits(doc) for name in f.get("fit_targets", [])}
 
 
 # --------------------------------------------------------------------------------------------
@@ -309,10 +393,21 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         err_m = f"{100 * (sm / gm - 1):+.1f} %" if gm and sm else "-"
         gr, sr = g.get("recomputed_share"), s.get("recomputed_share")
         err_r = f"{100 * (sr - gr):+.1f} pts" if gr is not None and sr is not None else "-"
-        use = "fit" if r.get("fit") else ("held out" if r["sim"] is not None and gm else ("no GPU run" if r["sim"] else "not simulated"))
+        if r.get("fit"):
+            use = "fit (host tier)" if isinstance(r["fit"], list) else "fit"
+        else:
+            use = "held out" if r["sim"] is not None and gm else ("no GPU run" if r["sim"] else "not simulated")
         out.append(f"| {r['name']} | {use} | {_s(gm)} | {_s(sm)} | {err_m} | {_pct(gr)} | {_pct(sr)} | {err_r} | "
                    f"{_s(g.get('ttft_p50_s'), '.2f')} / {_s(g.get('ttft_p90_s'), '.2f')} | "
                    f"{_s(s.get('ttft_p50_s'), '.2f')} / {_s(s.get('ttft_p90_s'), '.2f')} |")
+    cache_rows = [r for r in rows if r.get("gpu_metrics") and r.get("sim_metrics")]
+    if cache_rows:
+        out += ["", "| run | figure | GPU | sim | error |", "|---|---|---|---|---|"]
+        for r in cache_rows:
+            for key, gpu in r["gpu_metrics"].items():
+                sim = r["sim_metrics"].get(key)
+                err = f"{100 * (sim / gpu - 1):+.1f} %" if gpu and sim is not None else "-"
+                out.append(f"| {r['name']} | {key} | {gpu:,.0f} | {'-' if sim is None else f'{sim:,.0f}'} | {err} |")
     return "\n".join(out) + "\n"
 
 
@@ -364,7 +459,7 @@ def fidelity_rows(sim_dir: str | Path, gpu_sources: list[str]) -> list[dict[str,
     gpu = gpu_numbers(gpu_sources)
     fitted: set[str] = set()
     try:
-        fitted = set(load_calibration()[1].get("fit", {}).get("fit_targets", []))
+        fitted = fitted_target_names(load_calibration()[1])
     except FileNotFoundError:
         pass
     rows = []

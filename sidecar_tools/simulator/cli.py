@@ -3,6 +3,7 @@
     sglang-sidecar simulate --synthetic reference --kv-tokens 173200 --policy lru
     sglang-sidecar simulate --trace t.jsonl --policy session_ttl --sidecar-policy predictive \\
         --sidecar-config configs/coding-agent.toml --out benchmarks/results/sim --name sidecar
+    sglang-sidecar simulate --hicache-ratio 3                             # + SGLang's host tier (HiCache)
     sglang-sidecar simulate --serve --port 30000 --policy session_ttl      # SGLang's HTTP subset
     sglang-sidecar simulate calibrate benchmarks/results/h200             # refit the cost model
 """
@@ -103,6 +104,18 @@ def _command_line(ctx: click.Context) -> str:
               help="--radix-eviction-policy-config JSON (tlru default: threshold 4096, next 1024).")
 @click.option("--session-radix-cache", is_flag=True,
               help="SGLang's --enable-session-radix-cache (session-referenced KV is evicted last).")
+@click.option("--enable-hierarchical-cache", "--enable-hicache", "hicache", is_flag=True,
+              help="SGLang's host tier (HiCache); implied by --hicache-ratio/--hicache-size/--hicache-size-tokens.")
+@click.option("--hicache-ratio", type=float, default=None,
+              help="Host pool / GPU pool size (SGLang's --hicache-ratio; 2.0 when the tier is on without a size).")
+@click.option("--hicache-size", "hicache_size_gb", type=float, default=None,
+              help="Host pool in GB (SGLang's --hicache-size; tokens = GB / the calibration's kv_bytes_per_token).")
+@click.option("--hicache-size-tokens", type=int, default=None, help="Host pool in tokens (overrides ratio and size).")
+@click.option("--hicache-write-policy", type=click.Choice(["write_through", "write_through_selective", "write_back"]),
+              default="write_through", help="SGLang's --hicache-write-policy.")
+@click.option("--expected-back-oracle", is_flag=True,
+              help="What-if: every leased request says when its session returns (session_expected_back_s = the "
+                   "trace's next gap), as a sidecar that predicted gaps perfectly would; the sidecar does not send it yet.")
 @click.option("--lease-ttl", type=float, default=None,
               help="Client-side lease on every request (custom_params.session_lease_ttl_s), no sidecar.")
 @click.option("--sidecar-policy", default="none",
@@ -147,9 +160,26 @@ def simulate(ctx: click.Context, **kw: Any) -> None:
         policy_config = {"threshold": 4096, "next_prompt_estimate": 1024}
     sidecar_overrides = parse_sidecar_policy(kw["sidecar_policy"])
     if kw["serve"]:
+        if kw["expected_back_oracle"]:
+            raise click.UsageError("--expected-back-oracle is a replay option (with --serve the client sends what it sends)")
         _serve(kw, policy_config)
         return
     _replay(ctx, kw, policy_config, sidecar_overrides)
+
+
+def host_tier_args(kw: dict[str, Any]):
+    """HiCache flags -> HostTierArgs, or None when the host tier is off."""
+    from sidecar_tools.simulator.hicache_cpu import HostTierArgs
+
+    sized = any(kw.get(k) is not None for k in ("hicache_ratio", "hicache_size_gb", "hicache_size_tokens"))
+    if not (kw.get("hicache") or sized):
+        return None
+    try:
+        return HostTierArgs(ratio=kw.get("hicache_ratio"), size_gb=kw.get("hicache_size_gb") or 0.0,
+                            size_tokens=kw.get("hicache_size_tokens"),
+                            write_policy=kw.get("hicache_write_policy") or "write_through")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def _engine(kw: dict[str, Any], policy_config: dict[str, Any] | None):
@@ -160,7 +190,15 @@ def _engine(kw: dict[str, Any], policy_config: dict[str, Any] | None):
     return SimEngine(kv_tokens=kw["kv_tokens"], policy=kw["policy"], policy_config=policy_config, cost=cost,
                      chunked_prefill_size=kw["chunked_prefill_size"], max_prefill_tokens=kw["max_prefill_tokens"],
                      max_running_requests=kw["max_running_requests"], context_length=kw["context_length"],
-                     session_radix_cache=kw["session_radix_cache"])
+                     session_radix_cache=kw["session_radix_cache"], host_tier=host_tier_args(kw))
+
+
+def _describe(engine) -> str:
+    tiers = f"{engine.kv_tokens} KV tokens"
+    if engine.host_tier is not None:
+        tiers += (f" + host tier {engine.host_pool_tokens()} tokens ({engine.host_tier.write_policy}; "
+                  f"{engine.cost.describe_host()})")
+    return f"{engine.policy}, {tiers}, {engine.cost.describe()}"
 
 
 def _serve(kw: dict[str, Any], policy_config: dict[str, Any] | None) -> None:
@@ -170,8 +208,7 @@ def _serve(kw: dict[str, Any], policy_config: dict[str, Any] | None) -> None:
         engine = _engine(kw, policy_config)
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"simulated SGLang ({engine.policy}, {engine.kv_tokens} KV tokens, {engine.cost.describe()}) "
-               f"on http://{kw['host']}:{kw['port']}", err=True)
+    click.echo(f"simulated SGLang ({_describe(engine)}) on http://{kw['host']}:{kw['port']}", err=True)
     serve(engine, kw["host"], kw["port"], time_scale=kw["time_scale"], model_name=kw["model_name"],
           tokenizer_path=kw["tokenizer_path"])
 
@@ -210,17 +247,24 @@ def _replay(ctx: click.Context, kw: dict[str, Any], policy_config: dict[str, Any
             settings = load_settings(kw["sidecar_config"], overrides)
         except SettingsError as exc:
             raise click.ClickException(str(exc)) from None
-        sidecar = SidecarLoop(settings, engine.kv_tokens, clock=lambda: replay.clock_now)
+        sidecar = SidecarLoop(settings, engine.kv_tokens, clock=lambda: replay.clock_now,
+                              host_tokens=engine.host_pool_tokens() or 0)
         sidecar_info = {"config": kw["sidecar_config"], "policy": settings.policy.model_dump(),
                         "admission": settings.admission.model_dump()}
     bar = progress_bar(sum(len(s.rounds) for s in trace.sessions), "simulate")
     replay = VirtualReplay(trace, engine, opts, max_concurrent_sessions=kw["max_concurrent_sessions"],
-                           time_limit_s=kw["time_limit"], sidecar=sidecar, on_turn=lambda rec: bar.update())
+                           time_limit_s=kw["time_limit"], sidecar=sidecar, on_turn=lambda rec: bar.update(),
+                           expected_back_oracle=kw["expected_back_oracle"])
     started = datetime.now(UTC).isoformat(timespec="seconds")
-    with bar:
-        run, records = replay.run()
+    try:
+        with bar:
+            run, records = replay.run()
+    except RuntimeError as exc:  # SGLang's own failure (e.g. alloc_token_slots out of memory): its scheduler dies here
+        raise click.ClickException(f"simulated SGLang failed at t={engine.now:.3f} s (its scheduler process would "
+                                   f"exit here): {str(exc).splitlines()[0]}") from None
     gap = kw["tool_wait"]
-    name = kw["name"] or f"sim-{engine.policy}-{trace.name}-{'trace' if gap is None else f'{gap:g}s'}"
+    tier = "-hicache" if engine.host_tier is not None else ""
+    name = kw["name"] or f"sim-{engine.policy}{tier}-{trace.name}-{'trace' if gap is None else f'{gap:g}s'}"
     run = {"name": name, "started_at": started, "command": _command_line(ctx), **run}
     run["config"].update({
         "engine": "simulated", "kv_tokens": engine.kv_tokens, "radix_eviction_policy": engine.policy,
@@ -228,6 +272,9 @@ def _replay(ctx: click.Context, kw: dict[str, Any], policy_config: dict[str, Any
         "chunked_prefill_size": engine.chunked_prefill_size,
         "max_prefill_tokens": engine.max_prefill_tokens, "sidecar": sidecar_info,
     })
+    if engine.host_tier is not None:
+        run["config"]["hicache"] = {**engine.hicache_server_args(), "host_pool_tokens": engine.host_pool_tokens(),
+                                    "expected_back_oracle": kw["expected_back_oracle"]}
     run["simulator"].update({"cost_model": engine.cost.to_dict(),
                              "calibration": _display_path(kw["calibration"] or DEFAULT_CALIBRATION)})
     if kw["out"]:

@@ -14,6 +14,25 @@ memory-bound KV read per context token in decode. ``e`` is tied to ``b`` by the 
 ratio (``prefill_pair_ratio``; attention FLOPs per pair / linear FLOPs per token), so four
 numbers are fitted: a, b, c, d (``simulate calibrate``).
 
+The host tier (HiCache) adds the two copy streams and where a load sits in a prefill step:
+
+    copy on a stream = latency per submission + tokens / rate     (queued behind earlier copies)
+    prefill step with a load = max(C, s + (f - s) / L + C, f + C / L)
+
+``C`` is the step above; the load's copy runs from ``s`` to ``f`` (relative to the step's start;
+``s`` < 0 for a prefetch already under way). SGLang starts a load-back when it builds the prefill
+batch (``ready_to_load_host_cache``), behind the forward already on the GPU (its load fence), and
+the forward waits per layer on the load's events (``memory_pool`` -> ``LayerDoneCounter``): layer
+``i`` computes once layer ``i``'s KV has landed, so with ``L`` layers of equal size the step ends
+after the first layer's copy plus all compute, or after the last layer's copy plus one layer's
+compute, whichever is later - roughly max(compute, load) plus a layer. A decode step never waits
+(its batch has no consumer index). Host-to-device and device-to-host copies use separate streams
+and copy engines (full-duplex PCIe), so write-through backup traffic slows neither loads nor
+forwards here; it matters through SGLang's own bookkeeping: KV whose backup is in flight stays
+locked (not evictable) until its copy lands, and ``write_back`` blocks eviction until it does.
+Only the host-to-device rate and latency are fitted (``simulate calibrate --fit ...``); the
+write side defaults to the same PCIe rate.
+
 No sglang import here.
 """
 
@@ -29,6 +48,9 @@ from typing import Any
 CALIBRATION_DIR = Path(__file__).resolve().parent / "calibration"
 DEFAULT_CALIBRATION = CALIBRATION_DIR / "h200-qwen3-8b.json"
 
+# Qwen3-8B: 36 layers; KV per token 36 layers x 8 KV heads x 128 dims x (K, V) x 2 bytes (bf16).
+QWEN3_8B_LAYERS = 36
+QWEN3_8B_KV_BYTES_PER_TOKEN = 36 * 8 * 128 * 2 * 2
 # Qwen3-8B: attention 4 * (32 heads * 128) * 36 layers FLOPs per (query, key) pair; linear layers
 # 2 * 6.95e9 non-embedding parameters FLOPs per token.
 QWEN3_8B_PAIR_RATIO = 4 * 32 * 128 * 36 / (2 * 6.95e9)
@@ -41,8 +63,17 @@ class CostModel:
     decode_seq_s: float = 1.0e-4  # c
     decode_ctx_token_s: float = 3.5e-8  # d
     prefill_pair_ratio: float = QWEN3_8B_PAIR_RATIO  # e = b * ratio
+    # host tier (HiCache): copy streams and the forward's layer pipeline
+    host_load_tokens_per_s: float = 200_000.0  # host-to-GPU KV tokens per second (one stream)
+    host_load_latency_s: float = 0.001  # per load submission (per-layer launches, index prep)
+    host_write_tokens_per_s: float = 200_000.0  # GPU-to-host (write-through backup)
+    host_write_latency_s: float = 0.001
+    model_layers: float = QWEN3_8B_LAYERS  # L: layers a load is pipelined over
+    kv_bytes_per_token: float = QWEN3_8B_KV_BYTES_PER_TOKEN  # --hicache-size GB -> host tokens
 
     FITTED = ("step_s", "prefill_token_s", "decode_seq_s", "decode_ctx_token_s")
+    HOST_FITTED = ("host_load_tokens_per_s", "host_load_latency_s", "host_write_tokens_per_s",
+                   "host_write_latency_s")
 
     @property
     def prefill_pair_s(self) -> float:
@@ -54,6 +85,13 @@ class CostModel:
         tokens = sum(n for n, _ in chunks)
         pairs = sum(n * p + n * (n + 1) / 2 for n, p in chunks)
         return self.step_s + self.prefill_token_s * tokens + self.prefill_pair_s * pairs
+
+    def prefill_time_with_load(self, compute_s: float, load_from_s: float, load_done_s: float) -> float:
+        """A prefill step of ``compute_s`` whose forward waits per layer on a load copied from
+        ``load_from_s`` to ``load_done_s`` (seconds from the step's start; see the module doc)."""
+        layers = max(self.model_layers, 1.0)
+        first_layer_lands = load_from_s + (load_done_s - load_from_s) / layers
+        return max(compute_s, first_layer_lands + compute_s, load_done_s + compute_s / layers)
 
     def decode_time(self, batch: int, context_sum: int) -> float:
         return self.step_s + self.decode_seq_s * batch + self.decode_ctx_token_s * context_sum
@@ -115,6 +153,11 @@ class CostModel:
         return (f"a={self.step_s * 1e3:.3f} ms/step, b={self.prefill_token_s * 1e6:.2f} us/prefill token, "
                 f"c={self.decode_seq_s * 1e6:.1f} us/decode seq, d={self.decode_ctx_token_s * 1e9:.2f} ns/context token, "
                 f"e={self.prefill_pair_s * 1e12:.3f} ps/prefill pair")
+
+    def describe_host(self) -> str:
+        return (f"host->GPU {self.host_load_tokens_per_s / 1e3:.0f}K tokens/s + {self.host_load_latency_s * 1e3:.2f} ms, "
+                f"GPU->host {self.host_write_tokens_per_s / 1e3:.0f}K tokens/s + {self.host_write_latency_s * 1e3:.2f} ms, "
+                f"{self.model_layers:g} layers")
 
 
 def load_calibration(path: str | Path | None = None) -> tuple[CostModel, dict[str, Any]]:

@@ -28,6 +28,18 @@ runs the scheduler loop of ``Scheduler.get_next_batch_to_run`` in virtual time:
 The plugin's scheduler tests (``tests/sglang_ext``) drive this engine too: it is the project's one
 imitation of SGLang's Scheduler, which is why it exposes Scheduler-shaped attributes.
 
+With a host tier (``host_tier=HostTierArgs(...)``, SGLang's ``--enable-hierarchical-cache``) the
+cache gets SGLang's real HiCache (``hicache_cpu.attach_host_tier``: controller, host pool,
+write-through, demotion, host eviction, load-back), and the loop does what SGLang's Scheduler
+does with it: ``check_hicache_events`` (``writing_check`` / ``loading_check``) at the start of
+every iteration, ``init_load_back`` inside the real ``PrefillAdder`` for a host hit, and
+``ready_to_load_host_cache`` when the prefill batch is built (its producer index becomes the
+batch's ``hicache_consumer_index``; the plugin's prefetch runs after the pass, as its hook does
+in SGLang). Copies take virtual time on the controller's two streams (``hicache_cpu.CopyEngine``,
+rates from the cost model), so backups and loads land - and SGLang reaps them - when they would
+on the GPU; a prefill batch with a consumer index waits for that load layer by layer
+(``CostModel.prefill_time_with_load``). Without a host tier none of this runs.
+
 Time is the cost model's (``costmodel.CostModel``): nothing sleeps here. ``serve`` mode advances
 the engine to wall-clock targets; ``replay`` to the next client event.
 """
@@ -43,6 +55,7 @@ from typing import Any
 
 from sidecar_tools.simulator import sglang_env
 from sidecar_tools.simulator.costmodel import CostModel
+from sidecar_tools.simulator.hicache_cpu import CopyEngine, CopyRate, HostTierArgs, attach_host_tier
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +85,7 @@ class SimRequest:
     first_token_s: float | None = None
     finish_s: float | None = None
     cached_tokens: int = 0
+    cached_tokens_host: int = 0  # of cached_tokens, loaded back from the host tier
     output_ids: list[int] = field(default_factory=list)
     finish_reason: dict[str, Any] | None = None
     num_retractions: int = 0
@@ -80,6 +94,16 @@ class SimRequest:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass
+class PrefillBatch:
+    """The new prefill batch of one pass (the parts of SGLang's ScheduleBatch the plugin reads):
+    its requests and the host load its forward waits for (-1: none)."""
+
+    reqs: list[Any]
+    hicache_consumer_index: int = -1
+    chunks: list[tuple[int, int]] = field(default_factory=list)  # (new tokens, prefix tokens) per request
 
 
 class SimEngine:
@@ -97,6 +121,7 @@ class SimEngine:
         waiting_prefix_refresh: bool = True,
         session_radix_cache: bool = False,
         max_jump_steps: int = MAX_JUMP_STEPS,
+        host_tier: HostTierArgs | None = None,
     ):
         self.env = sglang_env.setup()
         self.kv_tokens = kv_tokens
@@ -126,9 +151,25 @@ class SimEngine:
         self.batch_is_full = False
         self._passes = 0
         self._sim: dict[str, SimRequest] = {}
-        self.counters: dict[str, float] = {}
+        self._counters: dict[str, float] = {}
         self.busy_s = {"prefill": 0.0, "decode": 0.0}
         self._count_evictions()
+        self.host_tier = host_tier
+        self.copies: CopyEngine | None = None
+        self.host_metrics: Any = None  # SGLang's radix-cache metrics (Prometheus registry), host tier only
+        self._server_args: dict[str, Any] | None = None
+        if host_tier is not None:
+            self._attach_host_tier(host_tier)
+
+    def _attach_host_tier(self, args: HostTierArgs) -> None:
+        cost = self.cost
+        self.copies = CopyEngine(lambda: self.now,
+                                 load=CopyRate(cost.host_load_tokens_per_s, cost.host_load_latency_s),
+                                 write=CopyRate(cost.host_write_tokens_per_s, cost.host_write_latency_s))
+        self.host_metrics = sglang_env.host_tier_metrics(self.cache)
+        host_tokens = args.host_tokens(self.kv_tokens, cost.kv_bytes_per_token)
+        attach_host_tier(self.cache, host_tokens=host_tokens, write_policy=args.write_policy, copies=self.copies)
+        self.busy_s["host_wait"] = 0.0  # the scheduler blocked on a copy (write_back eviction)
 
     # ------------------------------------------------------------------ outside API
     @property
@@ -236,16 +277,39 @@ class SimEngine:
     _valve_released = False  # the last pass's prefill valve released leases: try again at once
 
     def next_wakeup(self) -> float | None:
-        """When a stalled engine should look at its queue again (lease expiry, retry)."""
+        """When a stalled engine should look at its queue again (lease expiry, retry; with a host
+        tier also the next copy landing, which may unlock KV)."""
         if self.waiting and not self.running and self.chunked_req is None:
-            return self.now + IDLE_RETRY_S
+            wake = self.now + IDLE_RETRY_S
+            landing = self.copies.next_landing() if self.copies is not None else None
+            return min(wake, landing) if landing is not None else wake
+        tick = self._host_tick_interval()
+        if tick is not None and self.is_fully_idle():  # the plugin may want to prefetch while idle
+            return self.now + tick
         return None
+
+    def _host_tick_interval(self) -> float | None:
+        """The plugin's lease-clock tick while it manages leases over a host tier (it may lock or
+        prefetch at any tick); None otherwise."""
+        mgr = self.mgr
+        if self.copies is None or mgr is None or not mgr.host.active or not len(mgr.table):
+            return None
+        return mgr.settings.tick_interval_s
 
     def advance_idle(self, t: float) -> None:
         """Nothing runs until ``t``: move the clock (the plugin's lease clock follows)."""
         self.now = max(self.now, t)
         self._stalled = False
         self._poll_lease_clock()
+        if self.copies is not None and self.is_fully_idle():
+            self._idle_iteration()
+
+    def _idle_iteration(self) -> None:
+        """An idle Scheduler iteration with a host tier: SGLang still polls the copies and runs the
+        (hooked) prefill pass, which admits nothing but lets the plugin prefetch."""
+        self.cache.check_hicache_events()
+        self._wait_for_copies()
+        self._get_new_batch_prefill()
 
     def notify(self) -> None:
         """Something changed outside (arrival, lease released): re-check the queue."""
@@ -275,15 +339,20 @@ class SimEngine:
         first finish, at the first step ending at or after ``horizon``, or when KV runs out.
         Returns False when nothing could run (idle or stalled)."""
         self._poll_lease_clock()
+        if self.copies is not None:
+            self.cache.check_hicache_events()  # Scheduler._process_hicache_events
+            self._wait_for_copies()
         batch = self._get_new_batch_prefill()
         if batch:
             self._stalled = False
             self._run_prefill(batch)
+            self._flush_backups()
             self._poll_lease_clock()  # the next loop iteration stamps leases granted by finishes
             return True
         if self.running:
             self._stalled = False
             self._run_decode(horizon)
+            self._flush_backups()
             self._poll_lease_clock()
             return True
         # nothing admitted and nothing runs: wait for an event, unless the valve just made room
@@ -317,19 +386,21 @@ class SimEngine:
         return self.mgr.table.next_expiry()
 
     # ------------------------------------------------------------------ prefill
-    def _get_new_batch_prefill(self) -> list[Any]:
+    def _get_new_batch_prefill(self) -> PrefillBatch | None:
         """``Scheduler.get_new_batch_prefill``: the plugin's AROUND hook on
         ``_get_new_batch_prefill_raw`` wraps this engine's pass as HookRegistry wraps SGLang's
-        (leased-first queue order before it, the prefill pressure valve after it)."""
+        (leased-first queue order before it, the prefill pressure valve and, with a host tier,
+        its prefetch after it)."""
         leases = len(self.mgr.table) if self.mgr is not None else 0
         batch, _ = self._hooks.get_new_batch_prefill_raw(SimEngine._get_new_batch_prefill_raw, self)
         # the valve released leases: the next pass may admit the head, so do not wait for an event
         self._valve_released = self.mgr is not None and len(self.mgr.table) < leases
-        return batch or []
+        return batch
 
-    def _get_new_batch_prefill_raw(self) -> tuple[list[Any] | None, Any]:
+    def _get_new_batch_prefill_raw(self) -> tuple[PrefillBatch | None, Any]:
         """``Scheduler._get_new_batch_prefill_raw``, FCFS, with SGLang's PrefillAdder:
-        (the requests of the new prefill batch or None, the running batch)."""
+        (the new prefill batch or None, the running batch). With a host tier the adder's
+        ``init_load_back`` queued the host hits' loads; building the batch submits them."""
         env = self.env
         if not self.running:
             self.batch_is_full = False
@@ -369,7 +440,11 @@ class SimEngine:
         if adder.new_chunked_req is not None:
             assert self.chunked_req is None
             self.chunked_req = adder.new_chunked_req
-        return can_run, self.running_batch
+        batch = PrefillBatch(can_run)
+        if self.copies is not None:
+            batch.hicache_consumer_index = self.cache.ready_to_load_host_cache()
+        self._prepare_for_extend(batch)
+        return batch, self.running_batch
 
     def _allocatable(self, running_bs: int) -> int:
         rows = self.req_pool.available_size()
@@ -384,10 +459,12 @@ class SimEngine:
         for req in reversed(self.waiting[:WAITING_QUEUE_PREFIX_MATCH_MAX]):
             self.env.touch_waiting_prefix(req, self.cache)
 
-    def _run_prefill(self, batch: list[Any]) -> None:
+    def _prepare_for_extend(self, batch: PrefillBatch) -> None:
+        """``ScheduleBatch.prepare_for_extend``, still inside the pass (before the plugin's hook
+        may prefetch): request rows and the new tokens' KV (allocation evicts), cached tokens."""
         env, torch = self.env, self.env.torch
-        chunks = []
-        for req in batch:
+        chunks = batch.chunks
+        for req in batch.reqs:
             if req.kv.holds_kv:  # a later chunk: its prefix is in its own row
                 prefix = None
             elif req.prefix_len:
@@ -406,14 +483,27 @@ class SimEngine:
             req.kv.kv_allocated_len = req.kv.kv_committed_len = req.extend_end
             if not req.retracted_stain:  # prepare_for_extend: cached tokens counted once
                 req.cached_tokens += req.prefix_len - req.already_computed
+                if self.copies is not None and not req._cache_breakdown_computed:
+                    req.cached_tokens_device, req.cached_tokens_host, req.cached_tokens_storage = \
+                        env.split_cached_prefix_by_tier(
+                            prefix_len=req.prefix_len, host_hit_len=req.materialized_host_hit_len(),
+                            storage_hit_len=req.storage_hit_length, storage_hit_start=req.storage_hit_start,
+                            host_hit_is_storage=req.host_hit_is_storage)
+                    req._cache_breakdown_computed = True
             req.already_computed = req.extend_end
             chunks.append((n, req.prefix_len))
+
+    def _run_prefill(self, batch: PrefillBatch) -> None:
+        env, chunks = self.env, batch.chunks
+        self._wait_for_copies()  # write_back: the allocation's eviction may have blocked on its backup
         dt = self.cost.prefill_time(chunks)
+        if batch.hicache_consumer_index >= 0:
+            dt = self._prefill_time_with_load(dt, batch.hicache_consumer_index)
         self.now += dt
         self.busy_s["prefill"] += dt
         self._inc("sim:prefill_steps_total")
         self._inc("sim:prefill_tokens_total", sum(n for n, _ in chunks))
-        for req in batch:
+        for req in batch.reqs:
             if req is self.chunked_req:
                 env.checkpoint_kv_cache(req, self.cache)  # stash_chunked_request
                 continue
@@ -423,6 +513,9 @@ class SimEngine:
                 sim.cached_tokens = int(req.cached_tokens)
                 self._inc("sglang:prompt_tokens_total", len(req.origin_input_ids))
                 self._inc("sglang:cached_tokens_total", sim.cached_tokens)
+                if self.copies is not None:
+                    sim.cached_tokens_host = int(req.cached_tokens_host)
+                    self._inc("sim:cached_tokens_host_total", sim.cached_tokens_host)
             req.output_ids.append(sim.planned[len(req.output_ids)])
             if len(req.output_ids) >= req.sampling_params.max_new_tokens:
                 self._finish(req)
@@ -431,6 +524,32 @@ class SimEngine:
                 self.running.append(req)
                 self.batch_is_full = False
                 self._emit(req)
+
+    def _prefill_time_with_load(self, compute_s: float, consumer: int) -> float:
+        """The batch's forward waits, layer by layer, for load ``consumer`` (SGLang's
+        ``LayerDoneCounter`` events; their virtual times say when the copy ran)."""
+        landed = self.cache.cache_controller.layer_done_counter.events[consumer].finish_event
+        if landed.at is None:  # no timed copy behind it
+            return compute_s
+        dt = self.cost.prefill_time_with_load(compute_s, landed.copy_from - self.now, landed.at - self.now)
+        if dt > compute_s:
+            self._inc("sim:load_wait_s_total", dt - compute_s)
+            self._inc("sim:prefill_steps_waiting_for_load_total")
+        return dt
+
+    def _flush_backups(self) -> None:
+        """``process_batch_result`` ends by submitting the batch's queued host backups."""
+        if self.copies is not None:
+            self.cache.flush_pending_backups()
+
+    def _wait_for_copies(self) -> None:
+        """A blocking wait of the scheduler on a copy (``synchronize``) moves the clock."""
+        if self.copies is None:
+            return
+        until = self.copies.take_stall()
+        if until is not None and until > self.now:
+            self.busy_s["host_wait"] += until - self.now
+            self.now = until
 
     # ------------------------------------------------------------------ decode
     def _run_decode(self, horizon: float | None) -> None:
@@ -448,9 +567,13 @@ class SimEngine:
         expiry = self.next_lease_expiry()
         if expiry is not None and expiry > self.now:
             k = min(k, self.cost.decode_steps_to_reach(batch, ctx, expiry - self.now))
+        tick = self._host_tick_interval()
+        if tick is not None:  # the plugin re-decides tiers and prefetches at its ticks
+            k = min(k, self.cost.decode_steps_to_reach(batch, ctx, tick))
         room = self.alloc.available_size() + self.cache.evictable_size()
         k = max(1, min(k, room // batch, self.max_jump_steps))
         kv = self.env.alloc_token_slots(self.cache, k * batch)
+        self._wait_for_copies()
         for i, req in enumerate(self.running):
             pos = req.kv.kv_allocated_len
             self.req_pool.write((req.kv.req_pool_idx, slice(pos, pos + k)), kv[i * k:(i + 1) * k])
@@ -540,7 +663,24 @@ class SimEngine:
 
     # ------------------------------------------------------------------ numbers
     def _inc(self, name: str, value: float = 1.0) -> None:
-        self.counters[name] = self.counters.get(name, 0.0) + value
+        self._counters[name] = self._counters.get(name, 0.0) + value
+
+    # SGLang's HiCache counters (radix-cache collector), summed over their pool / reason labels
+    HOST_COUNTERS = ("sglang:load_back_tokens_total", "sglang:hicache_backup_tokens_total",
+                     "sglang:hicache_dropped_tokens_total")
+
+    @property
+    def counters(self) -> dict[str, float]:
+        """The engine's counters; with a host tier also SGLang's HiCache token counters."""
+        out = dict(self._counters)
+        if self.host_metrics is not None:
+            totals = dict.fromkeys(self.HOST_COUNTERS, 0.0)
+            for family in self.host_metrics.collect():
+                for sample in family.samples:
+                    if sample.name in totals:
+                        totals[sample.name] += sample.value
+            out.update(totals)
+        return out
 
     def _count_evictions(self) -> None:
         """Count evicted tokens (sglang:evicted_tokens_total) around the cache's eviction entry."""
@@ -567,6 +707,10 @@ class SimEngine:
             "sglang:token_usage": used / self.kv_tokens if self.kv_tokens else 0.0,
             "sglang:new_token_ratio": self.ratio.current,
         }
+        if self.copies is not None:  # SchedulerMetricsReporter._log_hicache_stats
+            host = self.cache.cache_controller.mem_pool_host
+            out["sglang:hicache_host_used_tokens"] = host.logical_size - host.available_size()
+            out["sglang:hicache_host_total_tokens"] = host.logical_size
         if self.mgr is not None:
             snap = self.mgr.snapshot()
             out["sglang_ext:leased_tokens"] = snap["leased_tokens"]
@@ -578,19 +722,52 @@ class SimEngine:
         return self.mgr.snapshot()["metrics"] if self.mgr is not None else None
 
     def metrics_text(self, model_name: str = "simulated") -> str:
-        """Prometheus exposition of the counters and gauges (label model_name)."""
+        """Prometheus exposition of the counters and gauges (label model_name); with a host tier
+        also SGLang's radix-cache collector as SGLang exports it (its own labels)."""
         label = f'model_name="{model_name}"'
         lines = []
-        counters = dict(self.counters)
+        counters = dict(self._counters)
         cached = counters.pop("sglang:cached_tokens_total", 0.0)
-        for name in sorted(set(counters) | {"sglang:prompt_tokens_total", "sglang:generation_tokens_total",
-                                            "sglang:num_requests_total", "sglang:evicted_tokens_total",
-                                            "sglang:num_retracted_requests_total"}):
+        host = counters.pop("sim:cached_tokens_host_total", 0.0)
+        names = {"sglang:prompt_tokens_total", "sglang:generation_tokens_total", "sglang:num_requests_total",
+                 "sglang:evicted_tokens_total", "sglang:num_retracted_requests_total"}
+        names |= set(counters)
+        if self.host_metrics is not None:  # SGLang's radix-cache collector reports it (below)
+            names.discard("sglang:evicted_tokens_total")
+        for name in sorted(names):
             lines += [f"# TYPE {name} counter", f"{name}{{{label}}} {float(counters.get(name, 0.0))}"]
         lines.append("# TYPE sglang:cached_tokens_total counter")
-        for source, value in (("device", cached), ("host", 0.0), ("storage", 0.0), ("total", cached)):
+        for source, value in (("device", cached - host), ("host", host), ("storage", 0.0), ("total", cached)):
             lines.append(f'sglang:cached_tokens_total{{{label},cache_source="{source}"}} {float(value)}')
         for name, value in self.gauges().items():
             lines += [f"# TYPE {name} gauge", f"{name}{{{label}}} {float(value)}"]
-        return "\n".join(lines) + "\n"
+        text = "\n".join(lines) + "\n"
+        if self.host_metrics is not None:
+            text += self._host_metrics_text()
+        return text
+
+    def _host_metrics_text(self) -> str:
+        """SGLang's radix-cache series (its evicted tokens replace the engine's line), less the
+        eviction-pass durations, which time this CPU process rather than the GPU."""
+        from prometheus_client import generate_latest
+
+        registry = self.host_metrics
+        wall_clock = "sglang:eviction_duration_seconds"
+        view = SimpleNamespace(collect=lambda: (f for f in registry.collect() if f.name != wall_clock))
+        return generate_latest(view).decode()
+
+    def hicache_server_args(self) -> dict[str, Any]:
+        """The HiCache fields SGLang's /server_info reports for this engine's flags."""
+        if self._server_args is None:
+            args = self.host_tier or HostTierArgs()
+            ratio = args.ratio
+            if args.size_tokens:  # the simulator's own size: the ratio SGLang would be given for it
+                ratio = args.size_tokens / self.kv_tokens
+            self._server_args = sglang_env.hicache_server_args(
+                self.host_tier is not None, ratio, 0.0 if args.size_tokens else args.size_gb, args.write_policy)
+        return self._server_args
+
+    def host_pool_tokens(self) -> int | None:
+        """Tokens of the host pool SGLang allocated (padding page included); None without a tier."""
+        return None if self.copies is None else int(self.cache.cache_controller.mem_pool_host.logical_size)
 

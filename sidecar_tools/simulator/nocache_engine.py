@@ -36,13 +36,18 @@ class NoCacheEngine:
         self.now = 0.0
         self.waiting: list[SimRequest] = []
         self.running: list[SimRequest] = []
-        self.counters: dict[str, float] = {}
+        self._counters: dict[str, float] = {}
+        self.host_metrics = None  # no host tier
 
     @property
     def max_req_input_len(self) -> int:
         return min(self.context_length - 1, self.kv_tokens - 1)
 
     metrics_text = SimEngine.metrics_text  # the same exposition: counters, then gauges()
+
+    @property
+    def counters(self) -> dict[str, float]:
+        return dict(self._counters)
 
     # ------------------------------------------------------------------ outside API
     def submit(self, sim: SimRequest) -> None:
@@ -66,6 +71,13 @@ class NoCacheEngine:
 
     def close_session(self, session_id: str) -> None:
         """Nothing is held for a session."""
+
+    def hicache_server_args(self) -> dict:
+        """No host tier (SGLang refuses HiCache without a radix cache)."""
+        return {"enable_hierarchical_cache": False}
+
+    def host_pool_tokens(self) -> None:
+        return None
 
     def set_internal_state(self, server_args: dict) -> bool:
         """No plugin and none of SGLang's knobs: every key is refused."""
@@ -126,7 +138,7 @@ class NoCacheEngine:
 
     # ------------------------------------------------------------------ numbers
     def _inc(self, name: str, value: float = 1.0) -> None:
-        self.counters[name] = self.counters.get(name, 0.0) + value
+        self._counters[name] = self._counters.get(name, 0.0) + value
 
     def gauges(self) -> dict[str, float]:
         return {"sglang:max_total_num_tokens": self.kv_tokens, "sglang:num_running_reqs": len(self.running),

@@ -11,9 +11,12 @@ With a sidecar policy (``SidecarLoop``) the product's own ``sidecar.policy`` obj
 product's session store, sits in front of the engine exactly as in ``sidecar/turn/core.py``:
 admission of new sessions (the policy's synchronous ``offer_admission`` on the real
 ``AdmissionGate``, pumped in virtual time by the policy's own calls and the gate's poll interval),
-``on_request``/``lease_ttl`` (the TTL travels to the plugin as
-``custom_params.session_lease_ttl_s``), ``on_turn_end``, ``release_admission`` and the
+``on_request``/``lease_request`` (the TTL and the expected return travel to the plugin in
+``custom_params``), the after-turn revision through the engine's ``/set_internal_state``, ``on_turn_end``, ``release_admission`` and the
 once-a-second ``close_due`` pass of the store.
+
+``VirtualReplay(expected_back_oracle=True)`` sends the trace's own next gap as the expected return
+instead of the policy's prediction - an upper bound for what-if runs, not a prediction.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from sidecar_tools.benchmarks.records import TurnRecord, summarize
 from sidecar_tools.benchmarks.textgen import token_ids
 from sidecar_tools.benchmarks.traces import Session, Trace
 from sidecar_tools.simulator.engine import SimEngine, SimRequest
-from sglang_ext.wire import lease_params
+from sglang_ext.wire import EXPECTED_BACK_PARAM, EXPECTED_SPREAD_PARAM, lease_params
 
 from sidecar.engine.generate import after_turn_body
 from sidecar.turn.core import worth_revising
@@ -138,7 +141,7 @@ class VirtualReplay:
     def __init__(self, trace: Trace, engine: SimEngine, opts: ClientOptions, *,
                  max_concurrent_sessions: int | None = None, time_limit_s: float | None = None,
                  sidecar: SidecarLoop | None = None, stop_on_error: bool = False,
-                 on_turn: Callable[[TurnRecord], None] | None = None):
+                 on_turn: Callable[[TurnRecord], None] | None = None, expected_back_oracle: bool = False):
         """``on_turn`` hears of every turn that ended (a progress bar)."""
         self.trace, self.engine, self.opts = trace, engine, opts
         self.on_turn = on_turn
@@ -149,6 +152,7 @@ class VirtualReplay:
         if sidecar is not None and engine.mgr is not None:
             sidecar.revise = engine.set_internal_state
         self.stop_on_error = stop_on_error
+        self.expected_back_oracle = expected_back_oracle
         self.records: list[TurnRecord] = []
         self._events: list[_Event] = []
         self._seq = itertools.count()
@@ -244,6 +248,8 @@ class VirtualReplay:
         session, k = st.session, st.k
         rnd = session.rounds[k]
         sid = self.client.session_id(session)
+        if custom is not None and self.expected_back_oracle:
+            custom = {**custom, **self._oracle_return(st)}
         sim = SimRequest(
             rid=f"sim-{next(self._rid)}", input_ids=ids, max_new_tokens=rnd.output_tokens,
             session_id=sid if self.opts.send_session_id else None, ignore_eos=True, custom_params=custom,
@@ -258,6 +264,12 @@ class VirtualReplay:
             self._complete(st, rec, ids, [], ok=False)
             return
         self.engine.notify()
+
+    def _oracle_return(self, st: _SessionState) -> dict[str, float]:
+        """The expected return the trace knows: its next gap, exactly (none after the last turn)."""
+        if st.k == len(st.session.rounds) - 1:
+            return {}
+        return {EXPECTED_BACK_PARAM: st.session.rounds[st.k].tool_wait_s, EXPECTED_SPREAD_PARAM: 0.0}
 
     def _on_reply(self, st: _SessionState, rec: TurnRecord, ids: list[int], sim: SimRequest) -> None:
         if not sim.finished:

@@ -521,7 +521,8 @@ class SimServer:
             "request_received_ts": flight.received,
         }
         if cached > 0:
-            meta["cached_tokens_details"] = {"device": cached, "host": 0}
+            host = sim.cached_tokens_host if sim is not None else 0
+            meta["cached_tokens_details"] = {"device": cached - host, "host": host}
         if sim is not None and sim.first_token_s is not None:
             meta["queue_time"] = max(0.0, (sim.first_token_s - sim.arrival_s) / self.time_scale)
         if flight.first_token_at is not None:
@@ -622,7 +623,9 @@ class SimServer:
                               "--skip-tokenizer-init --enable-metrics --enable-cache-report",
             "status": "ready", "max_total_num_tokens": e.kv_tokens, "max_req_input_len": e.max_req_input_len,
             "startup_time": self._startup, "internal_states": [state], "version": SGLANG_VERSION,
-            "frontend": "python", "simulated": True, "time_scale": self.time_scale, "cost_model": e.cost.to_dict(),
+            "frontend": "python", **e.hicache_server_args(),
+            "simulated": True, "time_scale": self.time_scale, "cost_model": e.cost.to_dict(),
+            "simulated_host_pool_tokens": e.host_pool_tokens(),
         }
         return {**info, **self.server_info_overrides}
 

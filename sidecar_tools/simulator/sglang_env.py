@@ -37,6 +37,7 @@ def setup() -> types.SimpleNamespace:
         warnings.simplefilter("ignore")
         import torch
         from sglang.srt.managers import io_struct, schedule_batch, schedule_policy
+        from sglang.srt.managers.schedule_batch import split_cached_prefix_by_tier
         from sglang.srt.managers.scheduler_components import new_token_ratio_tracker
         from sglang.srt.mem_cache import (
             allocation,
@@ -66,6 +67,7 @@ def setup() -> types.SimpleNamespace:
         FINISH_ABORT=schedule_batch.FINISH_ABORT,
         FINISH_LENGTH=schedule_batch.FINISH_LENGTH,
         release_req=schedule_batch.release_req,
+        split_cached_prefix_by_tier=split_cached_prefix_by_tier,
         PrefillAdder=schedule_policy.PrefillAdder,
         AddReqResult=schedule_policy.AddReqResult,
         CLIP_MAX_NEW_TOKENS=schedule_policy.CLIP_MAX_NEW_TOKENS,
@@ -172,3 +174,54 @@ def build_cache(kv_tokens: int, policy: str, policy_config: dict | None, *, max_
         enable_session_radix_cache=session_radix_cache,
     )
     return env.UnifiedRadixCache(params), req_pool, alloc
+
+
+def host_tier_metrics(cache: Any) -> Any:
+    """Give ``cache`` SGLang's own ``RadixCacheMetricsCollector`` (what ``--enable-metrics`` gives a
+    radix cache: load-back, backup, dropped and evicted tokens, their bytes and durations, with
+    SGLang's names and labels), on a Prometheus registry of its own; returns the registry.
+    ``prometheus_client``'s default registry is process-wide and refuses a second engine's series;
+    the collector's class-level DI hooks (``_counter_cls`` ...) exist for such a backend."""
+    import functools
+
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+    from sglang.srt.observability.metrics_collector import RadixCacheMetricsCollector, radix_cache_metric_labels
+
+    registry = CollectorRegistry()
+
+    class PrivateRegistryCollector(RadixCacheMetricsCollector):
+        _counter_cls = functools.partial(Counter, registry=registry)
+        _gauge_cls = functools.partial(Gauge, registry=registry)
+        _histogram_cls = functools.partial(Histogram, registry=registry)
+
+    rank = types.SimpleNamespace(tp_rank=0, pp_rank=0)  # one GPU, no DP attention
+    labels = radix_cache_metric_labels(type(cache).__name__, rank, False)
+    cache.metrics_collector = PrivateRegistryCollector(labels=labels)
+    return registry
+
+
+def hicache_server_args(enabled: bool, ratio: float | None, size_gb: float, write_policy: str) -> dict[str, Any]:
+    """The HiCache fields of SGLang's ``/server_info`` (``ServerArgs.resolved_dict()`` and the
+    scheduler's ``hicache_object_layout``) for these
+    flags: SGLang's own defaults for the rest, and its resolution of the ratio
+    (``hicache_hook.handle_hicache_ratio_default``: an unset ratio is 2.0; an explicit ratio or
+    size turns host-memory auto-sizing off)."""
+    setup()
+    from sglang.srt.mem_cache.hicache_storage import disabled_l3_layout
+    from sglang.srt.server_args import ServerArgs
+
+    given: dict[str, Any] = {"enable_hierarchical_cache": enabled, "hicache_write_policy": write_policy}
+    if ratio is not None:
+        given["hicache_ratio"] = float(ratio)
+    if size_gb:
+        given["hicache_size"] = size_gb
+    resolved = ServerArgs(model_path="dummy", **given).resolved_dict()
+    out = {k: v for k, v in resolved.items() if k.startswith("hicache_") or k == "enable_hierarchical_cache"}
+    if out.get("hicache_ratio") is None:
+        out["hicache_ratio"] = 2.0
+    if ratio is not None or size_gb:
+        out["hicache_host_memory_fraction"] = None
+    # Scheduler._hicache_l3_layout, part of the scheduler info /server_info carries (no L3 storage here)
+    reason = "Mooncake storage is not attached" if enabled else "Hierarchical cache is disabled"
+    out["hicache_object_layout"] = disabled_l3_layout(reason, page_size=1)
+    return out
