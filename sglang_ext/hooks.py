@@ -309,6 +309,8 @@ def get_new_batch_prefill_raw(original, scheduler, *args, **kwargs):
     if mgr.scheduler_ref is None:
         mgr.scheduler_ref = weakref.ref(scheduler)  # for the decode valve
     mgr.blocked_head = None
+    if getattr(scheduler, "chunked_req", None) is not None and mgr.has_hard():
+        _relieve_chunk_pressure(scheduler, mgr)
     if mgr.settings.prefer_leased_requests:
         leased_first(scheduler.waiting_queue, mgr)
     result = original(scheduler, *args, **kwargs)
@@ -318,6 +320,18 @@ def get_new_batch_prefill_raw(original, scheduler, *args, **kwargs):
     if mgr.host.active:
         _after_prefill_pass(scheduler, mgr, result[0])
     return result
+
+
+@_guarded
+def _relieve_chunk_pressure(scheduler: Any, mgr: LeaseManager) -> None:
+    """The chunk valve: SGLang continues a chunked prefill with a whole chunk even when its budget
+    says nothing is left (the request must progress to free its KV), and that allocation fails
+    (out of memory) when leases locked what it would evict. Release hard leases, least value
+    first, until a chunk fits again."""
+    deficit = mgr.reserve_tokens() - mgr.headroom_tokens()
+    if deficit > 0:
+        spare = _busy_sessions(scheduler) | _session_ids([scheduler.chunked_req])
+        mgr.release_for_pressure("chunk", deficit, spare, force=True)
 
 
 @_guarded

@@ -87,6 +87,8 @@ class HostTier:
             return
         hard_nodes = mgr.hard_path_nodes()
         limit, used = mgr.limit_tokens(), mgr.hard_tokens()
+        # a lock takes evictable KV away: never below what the scheduler's own work may claim
+        spare = mgr.headroom_tokens() - mgr.reserve_tokens()
         changed, nxt, window_open = False, None, []
         for lease in mgr.table.leases():
             state = mgr.tree.path_state(lease.node_id)
@@ -101,10 +103,11 @@ class HostTier:
                 changed = True
             elif not lease.hard and want:
                 extra = mgr.extra_hard_tokens(lease.node_id, hard_nodes)
-                if used + extra <= limit:
+                if used + extra <= limit and extra <= spare:
                     mgr.harden(lease)
                     hard_nodes.update(node_id for node_id, _ in mgr.tree.path(lease.node_id))
                     used += extra
+                    spare -= extra
                     mgr.metrics.inc("tier_changes", to=HARD)
                     changed = True
             if not lease.hard and tiers.in_window(tiers.critical_window(lease, state.tokens, now, settings), now):
@@ -170,6 +173,7 @@ class HostTier:
         issued = []
         hard_nodes = mgr.hard_path_nodes()
         used = mgr.hard_tokens()
+        spare = mgr.headroom_tokens() - mgr.reserve_tokens()  # see retier
         for _, _, lease, state in due:
             extra = mgr.extra_hard_tokens(lease.node_id, hard_nodes)
             if used + extra > mgr.limit_tokens():
@@ -178,6 +182,9 @@ class HostTier:
             if self._room_for(lease, state.host_only_tokens) < state.host_only_tokens:
                 self._skip(lease, "room")
                 continue
+            if extra > spare:  # the load takes GPU KV for its host-only part, the lock the rest of its path
+                self._skip(lease, "reserve")
+                continue
             if not tree.start_load_back(lease.node_id):  # below SGLang's load_back_threshold, or no KV
                 self._skip(lease, "declined")
                 continue
@@ -185,6 +192,7 @@ class HostTier:
             mgr.harden(lease)
             hard_nodes.update(node_id for node_id, _ in tree.path(lease.node_id))
             used += extra
+            spare -= extra
             lease.prefetch = "issued"
             issued.append(lease)
             mgr.metrics.inc("prefetches", outcome="issued")

@@ -41,6 +41,10 @@ _CLOSED_TOMBSTONES = 8192  # like SGLang's session-ref tracker
 _MAX_TTL_WARNINGS = 5
 
 
+DEFAULT_CHUNK_TOKENS = 8192  # SGLang's --chunked-prefill-size default (a scheduler without one)
+DECODE_RESERVE_STEPS = 4  # decode steps of the running batch a lease must not take the room of
+
+
 class LeaseManager:
     def __init__(
         self,
@@ -279,6 +283,30 @@ class LeaseManager:
     def harden(self, lease: Lease) -> None:
         """Soft -> hard: lock the lease's node; caller recounts."""
         self.table.promote(lease.session_id, self.tree.lock(lease.node_id))
+
+    def reserve_tokens(self) -> int:
+        """GPU KV the scheduler's own work may claim next, which leases must leave evictable: a
+        whole prefill chunk while a prefill is in progress or waiting (SGLang continues a chunked
+        prefill with a full chunk even when its budget says none is left; at most a quarter of
+        the pool), plus a few decode steps of the running batch, a page each. Nothing while the
+        scheduler has no work (or before its prefill hook ran once)."""
+        scheduler = self.scheduler_ref() if self.scheduler_ref is not None else None
+        if scheduler is None:
+            return 0
+        page = max(int(getattr(self.tree.cache, "page_size", 1) or 1), 1)
+        running = getattr(getattr(scheduler, "running_batch", None), "reqs", None) or ()
+        prefilling = getattr(scheduler, "chunked_req", None) is not None or bool(getattr(scheduler, "waiting_queue", None))
+        if not (prefilling or running):
+            return 0
+        chunk = 0
+        if prefilling:
+            chunk = getattr(scheduler, "chunked_prefill_size", None) or DEFAULT_CHUNK_TOKENS
+            chunk = min(int(chunk), self.tree.capacity_tokens() // 4)
+        return chunk + 2 * page + DECODE_RESERVE_STEPS * page * len(running)
+
+    def headroom_tokens(self) -> int:
+        """GPU KV that can be had now: free + evictable."""
+        return self.tree.available_tokens() + self.tree.evictable_tokens()
 
     def hard_path_nodes(self) -> set[int]:
         return {n for l in self.table.leases(HARD) for n, _ in self.tree.path(l.node_id)}

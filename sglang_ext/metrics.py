@@ -59,7 +59,8 @@ METRIC_SPECS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "sglang_ext:session_lease_pressure_releases_total",
         (
             "Hard leases released early because queued prefills could not be admitted "
-            "(stage=prefill) or running decodes would otherwise be retracted (stage=decode)."
+            "(stage=prefill), a chunked prefill's next chunk would not fit (stage=chunk) or running "
+            "decodes would otherwise be retracted (stage=decode)."
         ),
         ("stage",),
     ),

@@ -299,22 +299,28 @@ class LeasePolicy:
     def _resident_summary(self, now: float) -> tuple[float, float, int]:
         """(tokens, projected tokens as the gate counts them, sessions) of the resident sessions.
 
-        A session's projection is its context + ``_projected_growth()``; with
-        ``idle_weight = duty_cycle`` an idle (leased) session's projection is scaled by
-        ``_duty_cycle`` (running sessions always count in full).
+        A session's projection is its context + ``_projected_growth()``. Without a host tier a
+        session is resident while it runs or holds a lease, and with ``idle_weight = duty_cycle``
+        an idle (leased) session's projection is scaled by ``_duty_cycle`` (running sessions
+        always count in full). With a host tier every open session that holds KV is resident,
+        in full: HiCache keeps its KV (on GPU or host) whether leased or not, until the host
+        tier runs out, so what must fit is the whole set of open sessions, not the leased ones.
         """
-        resident = [s for s in self.sessions.records() if s.is_resident(now)]
+        hierarchy = self.capacity.host_tokens > 0
+        resident = [s for s in self.sessions.records() if s.is_resident(now) or (hierarchy and s.holds_kv())]
         growth = self._projected_growth()
         tokens = projected = 0.0
         for s in resident:
             tokens += s.context_tokens
-            weight = 1.0 if s.running > 0 else self._duty_cycle(s, now)
+            weight = 1.0 if s.running > 0 or hierarchy else self._duty_cycle(s, now)
             projected += weight * (s.context_tokens + growth)
         return tokens, projected, len(resident)
 
     def _turns_ahead(self) -> float:
         """Turns of growth the gate projects: ``projection_horizon_s`` / learned turn cycle, else
         (no horizon set, or no cycle observed yet) ``projection_turns``."""
+        if self.capacity.host_tokens > 0:
+            return self.admission_settings.host_tier_projection_turns
         horizon = self.admission_settings.projection_horizon_s
         if horizon > 0 and self.cycle_s:
             return horizon / self.cycle_s

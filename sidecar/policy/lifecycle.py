@@ -43,6 +43,10 @@ class SessionRecord:
         """Its KV is in use or leased: running, or idle under an unexpired lease."""
         return self.running > 0 or (self.lease_expires_at is not None and now < self.lease_expires_at)
 
+    def holds_kv(self) -> bool:
+        """A turn of it finished: the engine has its KV (somewhere in its cache tiers)."""
+        return self.turn_ended_at is not None and self.context_tokens > 0
+
     def idle_since(self) -> float:
         """When the session stopped needing its KV: last activity or lease expiry, the later."""
         if self.lease_expires_at is None:

@@ -104,6 +104,13 @@ class AdmissionSettings(BaseModel):
         "the learned turn cycle (service + tool gap), so agents with long tool gaps project fewer turns "
         "(0 = use projection_turns).",
     )
+    host_tier_projection_turns: float = Field(
+        16.0,
+        ge=0,
+        description="With a host tier (HiCache): turns of growth projected for every open session instead. Its KV "
+        "stays in GPU + host until the session ends, so admission must leave room for what the sessions grow "
+        "to, not for the next few turns.",
+    )
     idle_weight: Literal["full", "duty_cycle"] = Field(
         "full",
         description="How an idle session under lease counts in the gate: full = its whole projection; "

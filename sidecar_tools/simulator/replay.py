@@ -71,10 +71,12 @@ class SidecarLoop:
         session through; False when the queue is full (the sidecar answers 429)."""
         from sidecar.policy import AdmissionRejected
 
-        self.sessions.open(session_id)
+        session, _ = self.sessions.open(session_id)
+        session.inflight += 1  # from here on, as in the turn core: a waiting session is in use
         try:
             self.policy.offer_admission(session_id, prompt_tokens, is_new_session, on_grant=proceed)
         except AdmissionRejected:
+            session.inflight -= 1
             self.rejected += 1
             return False
         return True
@@ -88,7 +90,6 @@ class SidecarLoop:
     def start_turn(self, session_id: str, prompt_tokens: int) -> dict[str, float] | None:
         """on_request + lease_request; the custom_params to send (None = no lease)."""
         now = self.clock()
-        self.sessions.get(session_id).inflight += 1
         self.policy.on_request(session_id, prompt_tokens, now)
         lease = self.sent[session_id] = self.policy.lease_request(session_id, prompt_tokens, now)
         return lease_params(lease.ttl_s, lease.expected_back_s, lease.spread_s) if lease is not None else None

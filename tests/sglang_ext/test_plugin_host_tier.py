@@ -251,6 +251,49 @@ def test_a_due_session_is_locked_then_released_when_overdue(kit, plugin, tiered)
     assert mgr.metrics.get("tier_changes", to="soft") == 1
 
 
+class ChunkingScheduler(Scheduler):
+    """A scheduler in the middle of a chunked prefill (SGLang continues it with a whole chunk)."""
+
+    def __init__(self, cache, chunk: int) -> None:
+        super().__init__(cache)
+        self.chunked_req = object()
+        self.chunked_prefill_size = chunk
+
+
+def test_a_due_lease_is_not_locked_into_the_room_a_chunked_prefill_needs(kit, plugin, tiered):
+    """Locking a due session's KV takes it out of what eviction can free; while a chunked prefill
+    runs, the next chunk must still find room, so the lease stays soft (its KV may demote)."""
+    cache, mgr = tiered(gpu=512, host=1024, reload_margin_s=0.1)
+    finish_leased(kit, cache, mgr, Session("A", 1000), ttl=60, expect=2.0)
+    held = kit.alloc_kv(cache, cache.token_to_kv_pool_allocator.available_size() - 20)  # running work
+    sched = ChunkingScheduler(cache, chunk=100)  # 100 tokens: more than free (20) + A's KV minus A
+    pass_prefill(plugin, sched)  # the scheduler is known to the plugin from here on
+    mgr.on_tick(1.0)
+    mgr.on_tick(2.95)  # due: without the chunk it would lock (test above)
+    assert mgr.table.get("A").tier == "soft" and cache.protected_size() == 0
+    sched.chunked_req = None  # the prefill finished: the due lease locks now
+    mgr.on_tick(2.96)
+    assert mgr.table.get("A").tier == "hard"
+    cache.token_to_kv_pool_allocator.free(held)
+
+
+def test_the_chunk_valve_releases_leases_before_a_chunk_would_run_out_of_memory(kit, plugin):
+    """Hard leases that lock what a chunked prefill's next chunk would evict are released, least
+    valuable first, until a chunk fits (SGLang would fail the allocation: out of memory)."""
+    cache = kit.make_cache(512, config={"max_leased_fraction": 0.9})
+    mgr = plugin.manager_of(cache)
+    for i, name in enumerate("ABC"):  # 3 x 120 tokens leased and locked
+        kit.finish(cache, name, toks(1000 * (i + 1), 100), toks(100 * (i + 1), 20), ttl=60.0)
+    mgr.on_tick(0.0)
+    held = kit.alloc_kv(cache, cache.token_to_kv_pool_allocator.available_size() - 10)
+    assert mgr.headroom_tokens() < 100
+    sched = ChunkingScheduler(cache, chunk=100)
+    pass_prefill(plugin, sched)
+    assert mgr.headroom_tokens() >= mgr.reserve_tokens() >= 100
+    assert 1 <= mgr.metrics.get("pressure_releases", stage="chunk") < 3  # only what the chunk needs
+    cache.token_to_kv_pool_allocator.free(held)
+
+
 # ------------------------------------------------------------------------------- prefetch
 def demoted_session(kit, cache, mgr, name="A", base=1000, expect=2.0, spread=None, gate=None):
     s = Session(name, base)
