@@ -112,11 +112,13 @@ def serve(config_file: str | None, engine_log: str | None, engine_start_timeout:
 @click.option("--engine-port", type=int, default=30000, show_default=True, help="Port of the simulated engine (127.0.0.1).")
 @click.option("--engine-policy", default="session_ttl", show_default=True,
               help="Its --radix-eviction-policy: session_ttl (this project's plugin), lru (stock SGLang), ...")
+@click.option("--hicache-ratio", type=float, default=3.0, show_default=True,
+              help="Its host-RAM tier (SGLang's --hicache-ratio: host pool = ratio x KV pool); 0 = none.")
 @settings_options
 def demo(config_file: str | None, engine_log: str | None, kv_tokens: int, engine_port: int, engine_policy: str,
-         **kwargs: Any) -> None:
-    """The main job on any machine: the simulated SGLang engine (SGLang's real radix cache and this
-    project's plugin, on the CPU, in real time) on --engine-port, the sidecar in front of it; Ctrl+C
+         hicache_ratio: float, **kwargs: Any) -> None:
+    """The main job on any machine: the simulated SGLang engine (SGLang's real radix cache with its
+    host tier and this project's plugin, on the CPU, in real time) on --engine-port, the sidecar in front of it; Ctrl+C
     stops both. Needs --tokenizer (python3 -m sidecar_tools.benchmarks.qwen3_tokenizer DIR builds Qwen3's)."""
     overrides = collect_overrides(kwargs)
     if "sglang_url" in overrides.get("server", {}):
@@ -131,6 +133,8 @@ def demo(config_file: str | None, engine_log: str | None, kv_tokens: int, engine
         raise click.ClickException("the simulator is not installed here: pip install -e '.[plugin,bench]'")
     engine = [sys.executable, "-m", "sidecar", "simulate", "--serve", "--host", "127.0.0.1", "--port", str(engine_port),
               "--policy", engine_policy, "--kv-tokens", str(kv_tokens), "--tokenizer-path", tokenizer]
+    if hicache_ratio > 0:
+        engine += ["--hicache-ratio", str(hicache_ratio)]
     _serve(settings, engine, engine_log, start_timeout=300.0)
 
 
