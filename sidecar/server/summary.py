@@ -26,11 +26,12 @@ def startup_summary(settings: SidecarSettings, workers: Workers, model_name: str
 
 
 def _capacity(capacity: EngineCapacity, max_prompt_tokens: int | None) -> str:
-    kv = (
-        f"KV: GPU {capacity.max_total_num_tokens:,} tokens"
-        if capacity.max_total_num_tokens
-        else "KV: unknown (no /server_info from SGLang)"
-    )
+    if not capacity.max_total_num_tokens:
+        kv = "KV: unknown (no /server_info from SGLang)"
+    else:
+        host = f"host {capacity.host_tokens:,} tokens" if capacity.host_tokens else "no host tier"
+        plugin = "session_ttl plugin" if capacity.plugin else "no session_ttl plugin (leases off)"
+        kv = f"KV: GPU {capacity.max_total_num_tokens:,} tokens, {host}, {plugin}"
     limit = max_prompt_tokens or capacity.max_req_input_len
     return kv + (f", prompts up to {limit:,} tokens" if limit else "")
 

@@ -171,7 +171,26 @@ async def test_one_start_up_summary_line(make_sglang_double, aiohttp_client, qwe
         await aiohttp_client(create_app(settings, tokenizer=qwen3_tokenizer))
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ready on")]
     assert line.startswith(f"ready on http://127.0.0.1:8123/v1 in front of SGLang at {double.url}")
-    for part in (f"model {double.served_model_name}", "KV: GPU 12,345 tokens", "policy fixed (30 s leases)",
+    for part in (f"model {double.served_model_name}", "KV: GPU 12,345 tokens, no host tier, no session_ttl plugin",
+                 "policy fixed (30 s leases)",
                  "admission on (headroom 0.9", "auth on (--api-key)"):
         assert part in line, (part, line)
     assert "k1" not in line
+
+
+async def test_start_up_summary_names_the_host_tier_and_the_plugin(make_sglang_double, aiohttp_client,
+                                                                     qwen3_tokenizer_dir, qwen3_tokenizer, caplog):
+    hicache = await make_sglang_double(  # stock SGLang with --enable-hierarchical-cache --hicache-ratio 3
+        max_total_num_tokens=10000,
+        server_info_overrides={"enable_hierarchical_cache": True, "hicache_ratio": 3.0, "hicache_size": 0},
+    )
+    plugin = await make_sglang_double(max_total_num_tokens=10000, policy="session_ttl")
+    lines = {}
+    for name, double in (("hicache", hicache), ("plugin", plugin)):
+        settings = load_settings(overrides={"server": {"sglang_url": double.url, "tokenizer": str(qwen3_tokenizer_dir)}})
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="sidecar"):
+            await aiohttp_client(create_app(settings, tokenizer=qwen3_tokenizer))
+        (lines[name],) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ready on")]
+    assert "KV: GPU 10,000 tokens, host 30,001 tokens, no session_ttl plugin (leases off)" in lines["hicache"]
+    assert "KV: GPU 10,000 tokens, no host tier, session_ttl plugin" in lines["plugin"]
