@@ -36,7 +36,26 @@ class ServerSettings(BaseModel):
     max_body_bytes: int = Field(
         32 * 1024 * 1024, ge=1024, description="Largest request body accepted; larger gets 413."
     )
+    body_timeout: float = Field(
+        30.0, gt=0, description="Seconds a request body may take to arrive; slower gets 408 and the connection is closed."
+    )
+    body_min_rate: int = Field(
+        16_384,
+        ge=0,
+        description="Least average rate (bytes/s) a request body must keep from its fifth second on; slower gets 408 "
+        "(0 = only --body-timeout).",
+    )
+    max_json_values: int = Field(
+        200_000,
+        ge=1000,
+        description="Most JSON values (objects, arrays, strings, numbers) one request body may hold; counted before "
+        "it is parsed, so a body of countless tiny values is refused without the work.",
+    )
     max_messages: int = Field(10_000, ge=1, description="Most messages one request may carry.")
+    max_tools: int = Field(1024, ge=1, description="Most tools one request may declare.")
+    max_content_parts: int = Field(
+        10_000, ge=1, description="Most content parts (text pieces of a message) one request may carry in all."
+    )
     max_prompt_tokens: int | None = Field(
         None, ge=1, description="Most prompt tokens one request may have. Default: SGLang's max_req_input_len."
     )
@@ -47,6 +66,18 @@ class ServerSettings(BaseModel):
         600.0, gt=0, description="Seconds one engine request may take before the agent gets 504."
     )
     connect_timeout: float = Field(5.0, gt=0, description="Seconds to connect to SGLang.")
+    stream_write_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds a streamed reply may wait for a client that stopped reading; then the stream is cut "
+        "and its SGLang request aborted.",
+    )
+    tokenize_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a large prompt may wait for the tokenizer thread (large prompts are tokenized off the "
+        "event loop, one at a time); past it the request gets 503.",
+    )
     startup_wait: float = Field(
         30.0,
         ge=0,

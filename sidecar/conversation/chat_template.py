@@ -61,6 +61,7 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.codec = TokenCodec(tokenizer)
         self.eos_ids = self._eos_ids()
+        self.vocab_size = len(tokenizer)  # ids the tokenizer knows (added tokens included)
         self.heads = HeadCache()
 
     def _eos_ids(self) -> list[int]:

@@ -2,8 +2,10 @@
 ``sidecar.openai.shapes``.
 
 Validation is strict where a wrong value would silently change what the model sees (roles,
-content parts, n, tool_choice) and lenient for harmless client extras (unknown top-level keys are
-ignored, as OpenAI-compatible servers commonly do).
+content parts, n, tool_choice, types: ``max_tokens`` is an integer, not ``true`` or ``"5"``) and
+lenient for harmless client extras (unknown top-level keys are ignored, as OpenAI-compatible
+servers commonly do). Sampling values are held to the ranges SGLang 0.5.23 accepts
+(``SamplingParams.verify``), so none reaches the engine that it would refuse or overflow on.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sidecar.errors import invalid_json, invalid_request
+from sidecar.errors import invalid_request
 
 
 class TextPart(BaseModel):
@@ -83,9 +85,15 @@ def _json_or_str(arguments: str) -> Any:
         return arguments
 
 
+# What a tool name may be: it is written into the prompt and into the forced tool-call prefix.
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
+TOP_K_ALL = 1 << 30  # SGLang's "whole vocabulary"; top_k is an int32 on the GPU
+INT64 = 2**63
+
+
 class FunctionDef(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    name: str = Field(min_length=1, max_length=256)
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
@@ -98,7 +106,7 @@ class ToolDef(BaseModel):
 
 
 class NamedToolChoiceFunction(BaseModel):
-    name: str
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
 
 
 class NamedToolChoice(BaseModel):
@@ -123,8 +131,8 @@ class ChatCompletionRequest(BaseModel):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    stop: str | Annotated[list[str], Field(max_length=32)] | None = None  # SGLang's MAX_STOP_COUNT
+    seed: Annotated[int, Field(ge=-INT64, lt=INT64)] | None = None
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -135,11 +143,11 @@ class ChatCompletionRequest(BaseModel):
     session_id: str | None = None
     # SGLang sampling extras, passed through to sampling_params.
     ignore_eos: bool | None = None
-    top_k: int | None = None
+    top_k: Annotated[int, Field(ge=-1, le=TOP_K_ALL)] | None = None  # -1: the whole vocabulary
     min_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    repetition_penalty: Annotated[float, Field(gt=0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0, le=2)] | None = None
     min_tokens: Annotated[int, Field(ge=0)] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: Annotated[list[Annotated[int, Field(ge=0, lt=2**31)]], Field(max_length=1024)] | None = None
     skip_special_tokens: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -158,6 +166,13 @@ class ChatCompletionRequest(BaseModel):
         if stop is not None and any(not s for s in stop):
             raise ValueError("stop strings must not be empty")
         return stop
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, top_k):
+        if top_k == 0:
+            raise ValueError("top_k must be -1 (the whole vocabulary) or at least 1")
+        return top_k
 
     @field_validator("logprobs")
     @classmethod
@@ -185,16 +200,31 @@ class ChatCompletionRequest(BaseModel):
         return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
 
 
-def parse_chat_request(raw: bytes) -> ChatCompletionRequest:
-    """Parse and validate the raw body in one pass: pydantic-core's JSON parser builds the model
-    directly, without the intermediate dicts of ``json.loads``. It rejects malformed JSON, nesting
-    past its recursion limit and unpaired surrogate escapes itself; each becomes one 400."""
+def check_counts(body: Any, limits) -> None:
+    """Messages, tools and content parts counted on the parsed JSON, before any is validated
+    (``limits``: ServerSettings' max_messages, max_tools, max_content_parts)."""
+    if not isinstance(body, dict):
+        return
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        if len(messages) > limits.max_messages:
+            raise invalid_request(f"too many messages ({len(messages)} > {limits.max_messages})", param="messages")
+        parts = sum(len(c) for m in messages if isinstance(m, dict) and isinstance(c := m.get("content"), list))
+        if parts > limits.max_content_parts:
+            raise invalid_request(f"too many content parts ({parts} > {limits.max_content_parts})", param="messages")
+    tools = body.get("tools")
+    if isinstance(tools, list) and len(tools) > limits.max_tools:
+        raise invalid_request(f"too many tools ({len(tools)} > {limits.max_tools})", param="tools")
+
+
+def parse_chat_request(body: Any, limits) -> ChatCompletionRequest:
+    """Validate the parsed body (strict JSON from ``sidecar.server.body``) in strict mode: no
+    coercion of strings or booleans into numbers. Counts first (:func:`check_counts`)."""
+    check_counts(body, limits)
     try:
-        return ChatCompletionRequest.model_validate_json(raw)
+        return ChatCompletionRequest.model_validate(body, strict=True)
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
-        if err["type"] == "json_invalid":
-            raise invalid_json(raw, err["msg"].removeprefix("Invalid JSON: ")) from None
         if err["type"] == "model_type" and not err["loc"]:
             raise invalid_request("request body must be a JSON object") from None
         loc = ".".join(str(p) for p in err["loc"])

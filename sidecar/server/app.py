@@ -64,6 +64,9 @@ def create_app(settings: SidecarSettings, tokenizer=None) -> web.Application:
         raise StartupError(str(exc)) from None
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
+        # sidecar.server.body decodes bodies in bounded steps; a body left unread (refused, too
+        # slow) is drained for at most 1 s before its connection closes (aiohttp's default: 10 s)
+        handler_args={"auto_decompress": False, "lingering_time": 1.0},
         middlewares=[metrics_middleware, error_middleware, auth_middleware(key_store, settings.server)],
     )
     app[keys.SETTINGS] = settings

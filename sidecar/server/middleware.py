@@ -11,7 +11,10 @@ from sidecar.server import keys
 
 
 def error_response(err: APIError) -> web.Response:
-    return web.json_response(err.body(), status=err.status, headers=err.headers)
+    response = web.json_response(err.body(), status=err.status, headers=err.headers)
+    if err.headers.get("Connection") == "close":
+        response.force_close()  # e.g. a body that came too slowly: the rest is not waited for
+    return response
 
 
 @web.middleware

@@ -95,6 +95,11 @@ class Turn:
         settings = core.settings
         if len(req.messages) > settings.max_messages:
             raise invalid_request(f"too many messages ({len(req.messages)} > {settings.max_messages})", param="messages")
+        if req.tools and len(req.tools) > settings.max_tools:
+            raise invalid_request(f"too many tools ({len(req.tools)} > {settings.max_tools})", param="tools")
+        vocab = core.renderer.vocab_size
+        if any(not 0 <= t < vocab for t in req.sampling.stop_token_ids or ()):
+            raise invalid_request(f"stop_token_ids must be token ids in [0, {vocab})", param="stop_token_ids")
         core.renderer.check_template_kwargs(req.template_kwargs)
         explicit = check_session_id(req.session_id) if req.session_id is not None else None
         res = self.resolution = core.sessions.resolve(req.messages, explicit, req.scope)
