@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 from collections import OrderedDict
 from typing import Any
 
-from sidecar.conversation.tokens import TokenCodec
+from sidecar.conversation.tokens import TokenCodec, TooManyTokens
 from sidecar.errors import APIError, invalid_request
 
 _MARKER = "\u2063sidecar-reply-end\u2063"
@@ -26,29 +27,33 @@ _ANCHOR_USER = {"role": "user", "content": "."}
 
 
 class HeadCache:
-    """Bounded LRU: rendered system block text -> its exact ids (only blocks verified to cut cleanly)."""
+    """Bounded LRU: rendered system block text -> its exact ids (only blocks verified to cut cleanly).
+    Locked: large prompts are rendered on the tokenizer thread, the others on the event loop."""
 
     def __init__(self, max_entries: int = 64, max_chars: int = 4_000_000):
         self.max_entries, self.max_chars = max_entries, max_chars
         self._entries: "OrderedDict[str, list[int] | None]" = OrderedDict()  # None: known not to cut cleanly
         self._chars = 0
+        self._lock = threading.Lock()
 
     def get(self, text: str) -> tuple[bool, list[int] | None]:
         """(known, ids); ids None for a block known not to cut cleanly."""
-        if text not in self._entries:
-            return False, None
-        self._entries.move_to_end(text)
-        return True, self._entries[text]
+        with self._lock:
+            if text not in self._entries:
+                return False, None
+            self._entries.move_to_end(text)
+            return True, self._entries[text]
 
     def put(self, text: str, ids: list[int] | None) -> None:
         if len(text) > self.max_chars:
             return
-        if text not in self._entries:
-            self._chars += len(text)
-        self._entries[text] = ids
-        while len(self._entries) > self.max_entries or self._chars > self.max_chars:
-            old, _ = self._entries.popitem(last=False)
-            self._chars -= len(old)
+        with self._lock:
+            if text not in self._entries:
+                self._chars += len(text)
+            self._entries[text] = ids
+            while len(self._entries) > self.max_entries or self._chars > self.max_chars:
+                old, _ = self._entries.popitem(last=False)
+                self._chars -= len(old)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -93,19 +98,25 @@ class ChatRenderer:
         if reserved:
             raise invalid_request(f"chat_template_kwargs may not set {', '.join(reserved)}", param="chat_template_kwargs")
 
-    def encode(self, text: str) -> list[int]:
-        return self.codec.encode(text)
+    def encode(self, text: str, limit: int = 0) -> list[int]:
+        return self.codec.encode(text, limit)
 
-    def render_full(self, messages: list[dict], tools=None, kwargs=None) -> list[int]:
-        """Ids of a whole conversation plus the generation prompt (first turn or new branch)."""
+    def render_full(self, messages: list[dict], tools=None, kwargs=None, limit: int = 0) -> list[int]:
+        """Ids of a whole conversation plus the generation prompt (first turn or new branch).
+        ``limit`` > 0: TooManyTokens (``sidecar.conversation.tokens``) rather than more ids, known
+        from the rendered text's length where it can be, before any tokenizing."""
         text = self._render(messages, tools, kwargs, add_generation_prompt=True)
-        head = self._head(messages, tools, kwargs, text)
+        self.codec.check_fits(len(text), limit)
+        head = self._head(messages, tools, kwargs, text, limit)
         if head is None:
-            return self.encode(text)
+            return self.encode(text, limit)
         head_text, head_ids = head
-        return head_ids + self.encode(text[len(head_text) :])
+        try:
+            return head_ids + self.encode(text[len(head_text) :], max(limit - len(head_ids), 1) if limit else 0)
+        except TooManyTokens as exc:
+            raise TooManyTokens(exc.at_least + len(head_ids), limit) from None
 
-    def _head(self, messages: list[dict], tools, kwargs, text: str) -> tuple[str, list[int]] | None:
+    def _head(self, messages: list[dict], tools, kwargs, text: str, limit: int = 0) -> tuple[str, list[int]] | None:
         """The leading system block of ``text`` and its ids, if it is cached (or cacheable) and
         ``text`` can be cut right after it without changing a single id."""
         n = 0
@@ -121,20 +132,20 @@ class ChatRenderer:
             return None
         known, ids = self.heads.get(head_text)
         if not known:
-            ids = self._verified_head_ids(head_text, text)
+            ids = self._verified_head_ids(head_text, text, limit)
             self.heads.put(head_text, ids)
         return (head_text, ids) if ids is not None else None
 
-    def _verified_head_ids(self, head_text: str, text: str) -> list[int] | None:
+    def _verified_head_ids(self, head_text: str, text: str, limit: int = 0) -> list[int] | None:
         """The block's ids, once checked against encoding the whole text (paid once per block)."""
         head_ids = self.encode(head_text)
-        whole = self.encode(text)
+        whole = self.encode(text, limit)
         if whole[: len(head_ids)] != head_ids or whole[len(head_ids) :] != self.encode(text[len(head_text) :]):
             return None
         return head_ids
 
     def render_suffix(
-        self, new_messages: list[dict], previous_end_id: int | None, tools=None, kwargs=None
+        self, new_messages: list[dict], previous_end_id: int | None, tools=None, kwargs=None, limit: int = 0
     ) -> list[int]:
         """Ids that follow a previous reply: its turn closing, the new messages, the generation prompt.
 
@@ -151,7 +162,7 @@ class ChatRenderer:
             end_text = self.codec.decode([previous_end_id], skip_special_tokens=False)
             if end_text and suffix.startswith(end_text):
                 suffix = suffix[len(end_text) :]
-        return self.encode(suffix)
+        return self.encode(suffix, limit)
 
 
 @functools.cache

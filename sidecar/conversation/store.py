@@ -162,8 +162,12 @@ class SessionStore:
         self._sessions.move_to_end(sid)
         return session, is_new
 
-    def resolve(self, messages: list[dict[str, Any]], explicit_id: str | None, scope: str = "") -> Resolution:
-        prints = fingerprints(messages)
+    def resolve(
+        self, messages: list[dict[str, Any]], explicit_id: str | None, scope: str = "", prints: list[bytes] | None = None
+    ) -> Resolution:
+        """The session and turn a request continues; ``prints`` are its messages' fingerprints
+        when the caller already has them (computed off the event loop for a large request)."""
+        prints = fingerprints(messages) if prints is None else prints
         if explicit_id is not None:
             session, is_new = self.open(explicit_id, scope)
             base = self._longest_match(messages, prints, lambda fp: session.turns.get(fp))

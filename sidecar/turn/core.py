@@ -10,8 +10,9 @@ import time
 from typing import AsyncIterator
 
 from sidecar.conversation.chat_template import ChatRenderer
-from sidecar.conversation.fingerprint import extend_fingerprint, reply_message
+from sidecar.conversation.fingerprint import extend_fingerprint, fingerprints, reply_message
 from sidecar.conversation.store import Resolution, Session, SessionStore, TurnState, check_session_id
+from sidecar.conversation.tokens import TooManyTokens
 from sidecar.engine.generate import generate_request, sampling_params
 from sidecar.engine.worker import Workers
 from sidecar.errors import APIError, invalid_request
@@ -21,6 +22,7 @@ from sidecar.id_text import IdText
 from sidecar.metrics import SidecarMetrics
 from sidecar.policy import AdmissionRejected, SessionPolicy, TurnEnd, build_policy
 from sidecar.settings import ServerSettings, SidecarSettings
+from sidecar.turn.offload import OFFLOAD_CHARS, Offload
 from sidecar.turn.request import TurnRequest
 
 
@@ -44,6 +46,7 @@ class TurnCore:
         self.workers = workers
         self.metrics = metrics
         self.model_name = model_name  # what the doors call the model
+        self.offload = Offload(settings.tokenize_timeout)  # large prompts are prepared there
 
     def turn(self, request: TurnRequest) -> Turn:
         return Turn(self, request)
@@ -102,31 +105,36 @@ class Turn:
             raise invalid_request(f"stop_token_ids must be token ids in [0, {vocab})", param="stop_token_ids")
         core.renderer.check_template_kwargs(req.template_kwargs)
         explicit = check_session_id(req.session_id) if req.session_id is not None else None
-        res = self.resolution = core.sessions.resolve(req.messages, explicit, req.scope)
+        # megabytes of text are hashed, rendered and tokenized off the event loop (sidecar.turn.offload)
+        large = _text_chars(req) >= OFFLOAD_CHARS
+        prints = await core.offload.run(fingerprints, req.messages) if large else None
+        res = self.resolution = core.sessions.resolve(req.messages, explicit, req.scope, prints)
         self._n_messages = len(req.messages)
         session = res.session
         session.inflight += 1
         try:
-            await self._prepare(req, res, session)
+            await self._prepare(req, res, session, large)
         except BaseException:
             self._release()
             raise
         return self
 
-    async def _prepare(self, req: TurnRequest, res: Resolution, session: Session) -> None:
+    async def _prepare(self, req: TurnRequest, res: Resolution, session: Session, large: bool) -> None:
         core, renderer = self.core, self.core.renderer
-        ids = self._prompt_ids(req, res)
         parser_name = "none" if (req.tool_choice == "none" or not req.tools) else core.settings.tool_parser
         parser = get_tool_parser(parser_name)
         forced = parser.forced_prefix(req.forced_tool) if req.tool_choice == "required" else None
-        if forced is not None:
-            ids += renderer.encode(forced)
         worker = session.worker or core.workers.place(session.id)
         limit = core.settings.max_prompt_tokens or worker.capacity.max_req_input_len
+        try:
+            if large:
+                ids = await core.offload.run(self._prompt_ids, req, res, forced, limit)
+            else:
+                ids = self._prompt_ids(req, res, forced, limit)
+        except TooManyTokens as exc:
+            raise _too_long(f"at least {exc.at_least}", limit) from None
         if limit and len(ids) > limit:
-            raise invalid_request(
-                f"prompt is {len(ids)} tokens, more than the limit of {limit}", param="messages", code="context_length_exceeded"
-            )
+            raise _too_long(str(len(ids)), limit)
         core.metrics.turns.labels(kind="continued" if res.base else ("new" if res.is_new_session else "branch")).inc()
         try:
             await core.policy.admit(session.id, len(ids), res.is_new_session)
@@ -148,13 +156,23 @@ class Turn:
             worker.client, generate_request(ids, session.id, params), renderer.codec, parser, req.stop, forced
         )
 
-    def _prompt_ids(self, req: TurnRequest, res: Resolution) -> IdText:
-        """The engine's ids of the previous turn + only the new messages, or the whole history."""
+    def _prompt_ids(self, req: TurnRequest, res: Resolution, forced: str | None, limit: int) -> IdText:
+        """The engine's ids of the previous turn + only the new messages, or the whole history,
+        then the forced tool-call prefix; TooManyTokens past ``limit`` (0: none), known before
+        tokenizing where the text's length alone tells (``TokenCodec.check_fits``)."""
         renderer = self.core.renderer
         if res.base is not None:
             new = req.messages[res.new_messages_from :]
-            return res.base.token_ids + renderer.render_suffix(new, res.base.end_id, req.tools, req.template_kwargs)
-        return IdText(renderer.render_full(req.messages, req.tools, req.template_kwargs))
+            room = max(limit - len(res.base.token_ids), 1) if limit else 0
+            try:
+                ids = res.base.token_ids + renderer.render_suffix(new, res.base.end_id, req.tools, req.template_kwargs, room)
+            except TooManyTokens as exc:
+                raise TooManyTokens(exc.at_least + len(res.base.token_ids), limit) from None
+        else:
+            ids = IdText(renderer.render_full(req.messages, req.tools, req.template_kwargs, limit))
+        if forced is not None:
+            ids += renderer.encode(forced)
+        return ids
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
         try:
@@ -185,3 +203,14 @@ class Turn:
             self.core.policy.release_admission(session.id)
         if not session.turns and not session.inflight and not session.explicit:
             self.core.sessions.forget(session, "failed")  # a first request that failed leaves nothing behind
+
+
+def _text_chars(req: TurnRequest) -> int:
+    """The characters of text a request carries (what rendering and tokenizing cost grows with)."""
+    return sum(len(m.get("content") or "") + len(m.get("reasoning_content") or "") for m in req.messages)
+
+
+def _too_long(count: str, limit: int) -> APIError:
+    return invalid_request(
+        f"prompt is {count} tokens, more than the limit of {limit}", param="messages", code="context_length_exceeded"
+    )
