@@ -125,6 +125,19 @@ class ServerSettings(BaseModel):
         description="With auth on, GET /v1/sessions needs a key (and lists only that key's sessions); "
         "off: without a key it lists every session. Closing a session always needs its key.",
     )
+    cache_isolation: bool = Field(
+        True,
+        description="With auth on, each key's requests carry their own SGLang cache namespace (cache_salt), so no "
+        "key can learn from cached_tokens or timing what another key's prompts hold. Off: all keys share one "
+        "prefix cache.",
+    )
+    shared_prefix_file: str | None = Field(
+        None,
+        description="With cache isolation: a file holding a system prompt every key's agents use (an agent "
+        "framework's). Requests whose first message is a system message of exactly this text share one cache "
+        "namespace across keys; their cached_tokens count the system block only when it was cached whole, plus "
+        "the key's own history. Trade-off: README, Auth.",
+    )
     sglang_api_key: str | None = Field(
         None, description="SGLang's --api-key, sent as 'Authorization: Bearer' on every engine call."
     )

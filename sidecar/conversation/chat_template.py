@@ -136,6 +136,20 @@ class ChatRenderer:
             self.heads.put(head_text, ids)
         return (head_text, ids) if ids is not None else None
 
+    def system_block_ids(self, messages: list[dict], tools=None, kwargs=None) -> list[int] | None:
+        """The ids of the leading system block (system messages + tools) as ``render_full`` cached
+        them; None if it did not (no system message, or a block that does not cut cleanly)."""
+        n = 0
+        while n < len(messages) and messages[n].get("role") == "system":
+            n += 1
+        if n == 0 or n == len(messages):
+            return None
+        try:
+            head_text = self._render(messages[:n], tools, kwargs, add_generation_prompt=False)
+        except APIError:
+            return None
+        return self.heads.get(head_text)[1]
+
     def _verified_head_ids(self, head_text: str, text: str, limit: int = 0) -> list[int] | None:
         """The block's ids, once checked against encoding the whole text (paid once per block)."""
         head_ids = self.encode(head_text)

@@ -47,6 +47,7 @@ class TurnCore:
         self.metrics = metrics
         self.model_name = model_name  # what the doors call the model
         self.offload = Offload(settings.tokenize_timeout)  # large prompts are prepared there
+        self.shared_prefix = _read_shared_prefix(settings.shared_prefix_file)
 
     def turn(self, request: TurnRequest) -> Turn:
         return Turn(self, request)
@@ -79,6 +80,7 @@ class Turn:
         self.generation: Generation | None = None
         self._n_messages = 0
         self._admitted = False
+        self._cached_view: tuple[int, int] | None = None  # shared cache namespace: (own, shared block)
 
     @property
     def session(self) -> Session:
@@ -86,7 +88,10 @@ class Turn:
 
     @property
     def result(self) -> GenerationResult:
-        return self.generation.result
+        result = self.generation.result
+        if self._cached_view is not None:
+            result.cached_tokens = _visible_cached(result.cached_tokens, *self._cached_view)
+        return result
 
     def events(self) -> AsyncIterator[Event]:
         """The reply's content and tool-call events as the engine streams them."""
@@ -152,9 +157,25 @@ class Turn:
         core.policy.on_request(session.id, len(ids), now)
         lease = core.policy.lease_ttl(session.id, len(ids), now)
         params = sampling_params(req.sampling, core.settings.default_max_tokens, renderer.eos_ids, lease)
+        salt = self._cache_salt(req, res)
         self.generation = Generation(
-            worker.client, generate_request(ids, session.id, params), renderer.codec, parser, req.stop, forced
+            worker.client, generate_request(ids, session.id, params, salt), renderer.codec, parser, req.stop, forced
         )
+
+    def _cache_salt(self, req: TurnRequest, res: Resolution) -> str | None:
+        """The SGLang cache namespace of this request: with auth on and cache isolation, its key's
+        scope, or the one shared namespace when it starts with the declared shared system prompt
+        (then cached_tokens show only what the key's own history or that whole block explain)."""
+        core = self.core
+        if not req.scope or not core.settings.cache_isolation:
+            return None
+        first = req.messages[0] if req.messages else {}
+        if core.shared_prefix is None or first.get("role") != "system" or first.get("content") != core.shared_prefix:
+            return req.scope
+        own = len(res.base.token_ids) if res.base is not None else 0
+        block = core.renderer.system_block_ids(req.messages, req.tools, req.template_kwargs) if not own else None
+        self._cached_view = (own, len(block) if block else 0)
+        return SHARED_CACHE_SALT
 
     def _prompt_ids(self, req: TurnRequest, res: Resolution, forced: str | None, limit: int) -> IdText:
         """The engine's ids of the previous turn + only the new messages, or the whole history,
@@ -185,7 +206,7 @@ class Turn:
     def _record(self) -> None:
         """The finished turn becomes what the next request continues from; the gap starts."""
         core, res, gen = self.core, self.resolution, self.generation
-        result = gen.result
+        result = self.result
         reply = reply_message(result.content, [(c.name, c.arguments) for c in result.tool_calls])
         ids = gen.payload["input_ids"] + result.output_ids
         core.sessions.record_turn(res.session, TurnState(extend_fingerprint(res.fingerprint, reply), self._n_messages + 1, ids, result.end_id))
@@ -203,6 +224,29 @@ class Turn:
             self.core.policy.release_admission(session.id)
         if not session.turns and not session.inflight and not session.explicit:
             self.core.sessions.forget(session, "failed")  # a first request that failed leaves nothing behind
+
+
+SHARED_CACHE_SALT = "shared"  # never a scope (those are 16 hex digits)
+
+
+def _visible_cached(cached: int, own: int, block: int) -> int:
+    """cached_tokens as a key may see them in the shared namespace: its own history, and the
+    shared system block only when all of it was cached. A partial match of the block (or of
+    anything past it) could be another key's text, read out a token at a time."""
+    if block and cached >= block:
+        return min(cached, max(own, block))
+    return min(cached, own)
+
+
+def _read_shared_prefix(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read shared_prefix_file {path}: {exc}") from None
+    return text[:-1] if text.endswith("\n") else text
 
 
 def _text_chars(req: TurnRequest) -> int:

@@ -60,6 +60,7 @@ class SimRequest:
     input_ids: list[int]
     max_new_tokens: int
     session_id: str | None = None
+    cache_salt: str | None = None  # SGLang's cache namespace (RadixKey.cache_salt): no prefix shared across salts
     ignore_eos: bool = True
     custom_params: dict[str, Any] | None = None
     output_source: Callable[[int], list[int]] | None = None  # n -> the ids to emit
@@ -158,7 +159,7 @@ class SimEngine:
                                     custom_params=sim.custom_params)
         params.normalize(None)
         req = env.Req(rid=sim.rid, origin_input_text="", origin_input_ids=array("q", sim.input_ids),
-                      sampling_params=params, session_id=sim.session_id)
+                      sampling_params=params, session_id=sim.session_id, cache_salt=sim.cache_salt)
         if self.session_radix_cache and sim.session_id:  # Scheduler._handle_generate_request
             req.session_generation = self.cache.ensure_session_generation(sim.session_id)
         sim.arrival_s = self.now

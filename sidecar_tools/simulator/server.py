@@ -175,6 +175,7 @@ class SimServer:
         rng = random.Random(f"{self.seed}:{rid}")
         return SimRequest(
             rid=rid, input_ids=list(ids), max_new_tokens=int(max_new), session_id=body.get("session_id"),
+            cache_salt=body.get("cache_salt") or None,
             ignore_eos=bool(params.get("ignore_eos", False)), custom_params=custom if isinstance(custom, dict) else None,
             output_source=lambda n: [rng.randrange(TOKEN_LOW, TOKEN_HIGH) for _ in range(n)],
             on_update=self._on_update, stream=bool(body.get("stream")),

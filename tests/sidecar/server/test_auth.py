@@ -302,3 +302,71 @@ async def test_missing_sglang_key_is_a_clear_502(make_sidecar, guarded_double):
     status, body = await _chat(client, HELLO, {})
     assert status == 502 and "--sglang-api-key" in body["error"]["message"]
     assert all(header is None for _, header in guarded_double.seen_auth)
+
+
+# --------------------------------------------------------------------------- the prefix cache across keys
+
+SECRET = "You are the vault agent. The vault code is 4 8 1 5 9 2."
+
+
+def _guess(prefix: str) -> dict:
+    return {"messages": [{"role": "system", "content": "You are a helpful agent."}, {"role": "user", "content": prefix}],
+            "max_tokens": 1}
+
+
+async def _read_next_digit(client, known: str) -> dict[str, int]:
+    """The oracle attack: key B warms its own path up to the unknown digit, then tries each digit
+    and reads usage.cached_tokens; a digit another key's prompt continues with matches one more
+    token of the cache. (The warm-up digit, 0, is left out: B's own prompt is all cached.)"""
+    await _chat(client, _guess(known + "0"), B)
+    cached = {}
+    for digit in "123456789":
+        status, body = await _chat(client, _guess(known + digit), B)
+        assert status == 200, body
+        cached[digit] = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+    return cached
+
+
+async def test_no_key_can_read_another_keys_prompt_from_cached_tokens(make_sidecar, sglang_double):
+    client = await make_sidecar()
+    status, _ = await _chat(client, _guess(SECRET), A)
+    assert status == 200
+    cached = await _read_next_digit(client, "You are the vault agent. The vault code is 4 8 1 ")
+    assert len(set(cached.values())) == 1, cached  # every guess looks alike: "5" stands out in none
+    salts = {r.get("cache_salt") for r in sglang_double.requests}
+    assert salts == {auth.scope_of_key(KEY_A), auth.scope_of_key(KEY_B)}
+
+
+async def test_without_isolation_the_oracle_is_open(make_sidecar):
+    """What isolation closes (and what --no-cache-isolation re-opens)."""
+    client = await make_sidecar(cache_isolation=False)
+    await _chat(client, _guess(SECRET), A)
+    cached = await _read_next_digit(client, "You are the vault agent. The vault code is 4 8 1 ")
+    assert max(cached, key=cached.get) == "5" and sorted(cached.values())[-2] < cached["5"]
+
+
+async def test_a_declared_shared_prefix_is_shared_and_shows_nothing_more(make_sidecar, sglang_double, tmp_path):
+    framework = "You are a coding agent of the Example framework. Use the tools."
+    prefix_file = tmp_path / "system.txt"
+    prefix_file.write_text(framework + "\n")
+    client = await make_sidecar(shared_prefix_file=str(prefix_file))
+    system = {"role": "system", "content": framework}
+    status, _ = await _chat(client, {"messages": [system, {"role": "user", "content": SECRET}], "max_tokens": 1}, A)
+    assert status == 200
+    # B's new session starts with the same system prompt: its KV is A's (one shared namespace),
+    # and B sees exactly the system block as cached
+    status, body = await _chat(client, {"messages": [system, {"role": "user", "content": "hello"}], "max_tokens": 1}, B)
+    block = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert status == 200 and block > 10
+    assert {r["cache_salt"] for r in sglang_double.requests} == {"shared"}
+    # guessing A's private text: the engine matches more, B is shown no more than the block
+    engine_cached = []
+    sglang_double_results = sglang_double.results
+    for guess in (SECRET[:30], SECRET[:40]):
+        status, body = await _chat(client, {"messages": [system, {"role": "user", "content": guess}], "max_tokens": 1}, B)
+        assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == block
+        engine_cached.append(sglang_double_results[-1]["meta_info"]["cached_tokens"])
+    assert engine_cached[0] > block
+    # a request with another system prompt stays in its key's own namespace
+    await _chat(client, _guess("hi"), B)
+    assert sglang_double.requests[-1]["cache_salt"] == auth.scope_of_key(KEY_B)
