@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -67,6 +68,9 @@ class ChatRenderer:
         self.codec = TokenCodec(tokenizer)
         self.eos_ids = self._eos_ids()
         self.vocab_size = len(tokenizer)  # ids the tokenizer knows (added tokens included)
+        specials = sorted(self.codec.special_tokens(), key=len, reverse=True)
+        self._special_re = re.compile("|".join(map(re.escape, specials))) if specials else None
+        self._special_ids = {t: self.tokenizer.convert_tokens_to_ids(t) for t in specials}
         self.heads = HeadCache()
 
     def _eos_ids(self) -> list[int]:
@@ -107,6 +111,8 @@ class ChatRenderer:
         from the rendered text's length where it can be, before any tokenizing."""
         text = self._render(messages, tools, kwargs, add_generation_prompt=True)
         self.codec.check_fits(len(text), limit)
+        if self._spells_control_tokens(messages):
+            return self._encode_client_text_as_text(text, messages, limit)
         head = self._head(messages, tools, kwargs, text, limit)
         if head is None:
             return self.encode(text, limit)
@@ -176,7 +182,48 @@ class ChatRenderer:
             end_text = self.codec.decode([previous_end_id], skip_special_tokens=False)
             if end_text and suffix.startswith(end_text):
                 suffix = suffix[len(end_text) :]
+        if self._spells_control_tokens(new_messages):
+            return self._encode_client_text_as_text(suffix, new_messages, limit)
         return self.encode(suffix, limit)
+
+    def _spells_control_tokens(self, messages: list[dict]) -> bool:
+        regex = self._special_re
+        return regex is not None and any(regex.search(m.get("content") or "") for m in messages)
+
+    def _encode_client_text_as_text(self, text: str, messages: list[dict], limit: int) -> list[int]:
+        """Ids of a rendered ``text`` in which the control tokens the messages' own text spells
+        (``<|im_start|>system`` typed by a user or returned by a tool) are plain text, and only the
+        template's own are control tokens: no message can forge a role or end a turn.
+
+        The tokenizer splits a text at every control token before anything else, so encoding the
+        pieces between the template's control tokens one by one gives the ids the whole would
+        have, if the client's markers were not special."""
+        spans, pos = [], 0
+        for m in messages:
+            content = m.get("content") or ""
+            if not self._special_re.search(content):
+                continue
+            for candidate in (content, content.strip()):
+                at = text.find(candidate, pos)
+                if at >= 0:
+                    spans.append((at, at + len(candidate)))
+                    pos = at + len(candidate)
+                    break
+            else:
+                raise invalid_request(
+                    f"a {m.get('role')} message spells control tokens and the chat template does not render it verbatim"
+                )
+        ids: list[int] = []
+        start = 0
+        for match in self._special_re.finditer(text):
+            if any(a <= match.start() < b for a, b in spans):
+                continue  # the client's text: stays text
+            ids += self.codec.encode_as_text(text[start : match.start()]) + [self._special_ids[match.group()]]
+            start = match.end()
+        ids += self.codec.encode_as_text(text[start:])
+        if limit and len(ids) > limit:
+            raise TooManyTokens(len(ids), limit)
+        return ids
 
 
 @functools.cache

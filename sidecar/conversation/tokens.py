@@ -100,6 +100,7 @@ class TokenCodec:
         self._fast_batch = hasattr(backend, "encode_batch_fast")  # tokenizers >= 0.21
         self._decode_exact = plain and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
         self._max_chars_per_token = max_chars_per_token(backend) if backend is not None else None
+        self._plain = None  # the backend that spells control tokens as text (made when first needed)
         # Tokens the backend splits out before anything else; a cut next to one is a clean cut.
         self._added: list[str] = []
         self._boundary: tuple[str, ...] = ()
@@ -135,6 +136,25 @@ class TokenCodec:
         if limit and len(ids) > limit:
             raise TooManyTokens(len(ids), limit)
         return ids
+
+    def special_tokens(self) -> list[str]:
+        """The control tokens (added tokens marked special: <|im_start|>, <|im_end|>, ...)."""
+        if self._backend is None:
+            return [t for t in self.tokenizer.all_special_tokens if t]
+        return [t.content for t in self._backend.get_added_tokens_decoder().values() if t.special and t.content]
+
+    def encode_as_text(self, text: str) -> list[int]:
+        """The ids of ``text`` with control tokens in it encoded as the plain text they spell
+        (a second backend with ``encode_special_tokens``: the shared one is never toggled)."""
+        if self._plain is None:
+            from tokenizers import Tokenizer
+
+            if self._backend is None:
+                return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+            plain = Tokenizer.from_str(self._backend.to_str())
+            plain.encode_special_tokens = True
+            self._plain = plain
+        return self._plain.encode(text, add_special_tokens=False).ids
 
     def fewest_tokens(self, n_chars: int) -> int:
         """A lower bound of the tokens of any text of ``n_chars`` characters (0 if unknown)."""
