@@ -17,6 +17,7 @@ from sidecar.errors import APIError
 from sidecar.openai import shapes
 from sidecar.openai.shapes import event_delta
 from sidecar.openai.schema import ChatCompletionRequest, NamedToolChoice, parse_chat_request
+from sidecar.turn.client_writes import ClientStalled, write_within
 from sidecar.turn.core import Turn, TurnCore
 from sidecar.turn.request import TurnRequest
 
@@ -66,7 +67,9 @@ async def handle(request: web.Request, body: Any, core: TurnCore, scope: str) ->
     try:
         async with core.turn(parsed[1]) as turn:
             if stream:
-                return await stream_reply(request, turn, core.model_name, include_usage, started=parsed.clear)
+                return await stream_reply(
+                    request, turn, core.model_name, include_usage, parsed.clear, core.settings.stream_write_timeout
+                )
             parsed.clear()
             return await full_reply(turn, core.model_name)
     except _StreamAlreadyAnswered as done:
@@ -82,7 +85,12 @@ async def full_reply(turn: Turn, model: str) -> web.Response:
 
 
 async def stream_reply(
-    request: web.Request, turn: Turn, model: str, include_usage: bool, started: Callable[[], None] | None = None
+    request: web.Request,
+    turn: Turn,
+    model: str,
+    include_usage: bool,
+    started: Callable[[], None] | None = None,
+    write_timeout: float = 30.0,
 ) -> web.StreamResponse:
     """SSE exactly as OpenAI frames it; headers go out with the first event, so an engine failure
     before any output is still a plain HTTP error with its status code. ``started`` is called
@@ -97,10 +105,8 @@ async def stream_reply(
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await response.prepare(request)
             data = frames.delta(shapes.ROLE_DELTA) + data
-        if last:
-            await response.write_eof(data)  # one write: the data and the end of the chunked body
-        else:
-            await response.write(data)
+        # one write with last: the data and the end of the chunked body
+        await write_within(request, response, data, write_timeout, last)
         if first and started is not None:
             started()
 
@@ -117,6 +123,8 @@ async def stream_reply(
             raise
         await _write_quietly(response, shapes.error_frames(err))
         raise _StreamAlreadyAnswered(response) from err
+    except ClientStalled as err:
+        raise _StreamAlreadyAnswered(response) from err  # the turn aborts its engine request
     return response
 
 
