@@ -125,6 +125,17 @@ class ServerSettings(BaseModel):
         description="With auth on, GET /v1/sessions needs a key (and lists only that key's sessions); "
         "off: without a key it lists every session. Closing a session always needs its key.",
     )
+    key_queue_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="With auth on, the largest share of the admission queue (--admission-max-queue) one key's new "
+        "sessions may hold; past it that key gets 429 while other keys' new sessions still queue.",
+    )
+    key_rate_limit: float = Field(
+        0.0, ge=0, description="With auth on, requests per second one key may send; past it 429 + Retry-After (0 = no limit)."
+    )
+    key_rate_burst: int = Field(20, ge=1, description="Requests one key may send at once above --key-rate-limit.")
     cache_isolation: bool = Field(
         True,
         description="With auth on, each key's requests carry their own SGLang cache namespace (cache_salt), so no "

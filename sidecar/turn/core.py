@@ -24,6 +24,7 @@ from sidecar.policy import AdmissionRejected, SessionPolicy, TurnEnd, build_poli
 from sidecar.settings import ServerSettings, SidecarSettings
 from sidecar.turn.offload import OFFLOAD_CHARS, Offload
 from sidecar.turn.request import TurnRequest
+from sidecar.turn.tenants import QueueShares, RateLimits
 
 
 class TurnCore:
@@ -38,6 +39,7 @@ class TurnCore:
         workers: Workers,
         metrics: SidecarMetrics,
         model_name: str,
+        queue_shares: QueueShares,
     ):
         self.settings = settings
         self.renderer = renderer
@@ -48,6 +50,8 @@ class TurnCore:
         self.model_name = model_name  # what the doors call the model
         self.offload = Offload(settings.tokenize_timeout)  # large prompts are prepared there
         self.shared_prefix = _read_shared_prefix(settings.shared_prefix_file)
+        self.queue_shares = queue_shares  # each key's part of the admission queue
+        self.rate_limits = RateLimits(settings.key_rate_limit, settings.key_rate_burst)
 
     def turn(self, request: TurnRequest) -> Turn:
         return Turn(self, request)
@@ -60,7 +64,9 @@ def build_core(settings: SidecarSettings, tokenizer, workers: Workers, metrics: 
     (worker,) = workers
     policy = build_policy(settings, worker.capacity, registry=metrics.registry)
     sessions = SessionStore(policy, settings.server.max_sessions, metrics)
-    return TurnCore(settings.server, renderer, sessions, policy, workers, metrics, model_name)
+    a = settings.admission
+    shares = QueueShares(settings.server.key_queue_share, a.max_queue, a.retry_after)
+    return TurnCore(settings.server, renderer, sessions, policy, workers, metrics, model_name, shares)
 
 
 class Turn:
@@ -101,6 +107,7 @@ class Turn:
         req, self._request = self._request, None
         core = self.core
         settings = core.settings
+        core.rate_limits.take(req.scope)
         if len(req.messages) > settings.max_messages:
             raise invalid_request(f"too many messages ({len(req.messages)} > {settings.max_messages})", param="messages")
         if req.tools and len(req.tools) > settings.max_tools:
@@ -141,6 +148,9 @@ class Turn:
         if limit and len(ids) > limit:
             raise _too_long(str(len(ids)), limit)
         core.metrics.turns.labels(kind="continued" if res.base else ("new" if res.is_new_session else "branch")).inc()
+        shares = core.queue_shares if res.is_new_session else None
+        if shares is not None:
+            shares.enter(req.scope)  # a key's new sessions hold at most its share of the queue
         try:
             await core.policy.admit(session.id, len(ids), res.is_new_session)
         except AdmissionRejected as exc:
@@ -151,6 +161,9 @@ class Turn:
                 code="admission_queue_full",
                 headers={"Retry-After": str(max(1, round(exc.retry_after_s)))},
             ) from None
+        finally:
+            if shares is not None:
+                shares.leave(req.scope)
         self._admitted = True
         session.worker = worker  # its requests go there from now on
         now = time.monotonic()

@@ -32,11 +32,12 @@ async def make_sidecar(aiohttp_client, sglang_double, qwen3_tokenizer_dir, qwen3
     keys_file = tmp_path / "keys.txt"
     keys_file.write_text(f"# agents\n{KEY_A}\n\n{KEY_B}\n")
 
-    async def make(double=None, **server):
+    async def make(double=None, admission=None, **server):
         server.setdefault("api_keys_file", str(keys_file))
         double = double or sglang_double
         settings = load_settings(
-            overrides={"server": {"sglang_url": double.url, "tokenizer": str(qwen3_tokenizer_dir), **server}}
+            overrides={"server": {"sglang_url": double.url, "tokenizer": str(qwen3_tokenizer_dir), **server},
+                       "admission": admission or {}}
         )
         return await aiohttp_client(create_app(settings, tokenizer=qwen3_tokenizer))
 
@@ -370,3 +371,36 @@ async def test_a_declared_shared_prefix_is_shared_and_shows_nothing_more(make_si
     # a request with another system prompt stays in its key's own namespace
     await _chat(client, _guess("hi"), B)
     assert sglang_double.requests[-1]["cache_salt"] == auth.scope_of_key(KEY_B)
+
+
+# --------------------------------------------------------------------------- fairness across keys
+
+
+async def test_one_key_cannot_fill_the_admission_queue(make_sglang_double, make_sidecar):
+    """Key B opens many sessions while the engine is full: past its share of the queue B gets 429
+    at once, and key A's new session still queues (and is admitted when room comes)."""
+    double = await make_sglang_double(max_total_num_tokens=400, context_length=300)
+    client = await make_sidecar(double=double, key_queue_share=0.5, admission={"enabled": True, "max_queue": 8})
+    double.token_delay = 0.05
+    # a resident session that fills the pool's budget: every new one must wait
+    first = asyncio.ensure_future(_chat(client, {"messages": [{"role": "user", "content": "x " * 120}], "max_tokens": 60}, A))
+    await double.wait_for_running()
+    b_waiting = [asyncio.ensure_future(_chat(client, {"messages": [{"role": "user", "content": f"b{i} " * 40}], "max_tokens": 2}, B))
+                 for i in range(4)]
+    await asyncio.sleep(0.2)
+    status, err = await _chat(client, {"messages": [{"role": "user", "content": "b-more " * 40}], "max_tokens": 2}, B)
+    assert status == 429 and err["error"]["code"] == "key_queue_share_exceeded", err
+    a_new = asyncio.ensure_future(_chat(client, {"messages": [{"role": "user", "content": "a-new " * 40}], "max_tokens": 2}, A))
+    await asyncio.sleep(0.2)
+    assert not a_new.done()  # queued, not refused
+    results = await asyncio.gather(first, a_new, *b_waiting)
+    assert [status for status, _ in results] == [200] * 6
+
+
+async def test_per_key_rate_limit(make_sidecar, sglang_double):
+    client = await make_sidecar(key_rate_limit=1.0, key_rate_burst=2)
+    assert [(await _chat(client, HELLO, A))[0] for _ in range(2)] == [200, 200]
+    resp = await client.post("/v1/chat/completions", json=HELLO, headers=A)
+    assert resp.status == 429 and int(resp.headers["Retry-After"]) >= 1
+    assert (await resp.json())["error"]["code"] == "rate_limit_exceeded"
+    assert (await _chat(client, HELLO, B))[0] == 200  # another key is not slowed down
