@@ -17,6 +17,9 @@ class SidecarMetrics:
         self.cached_tokens = Counter("sidecar_cached_tokens", "Prompt tokens SGLang served from cache", registry=r)
         self.completion_tokens = Counter("sidecar_completion_tokens", "Tokens generated", registry=r)
         self.sessions = Gauge("sidecar_sessions", "Sessions the sidecar remembers", registry=r)
+        self.session_bytes = Gauge(
+            "sidecar_session_bytes", "Bytes the remembered sessions' turn states take (token ids)", registry=r
+        )
         self.sessions_closed = Counter("sidecar_sessions_closed", "Sessions closed in SGLang and forgotten", ["reason"], registry=r)
         self.latency = Histogram(
             "sidecar_request_seconds",

@@ -100,6 +100,12 @@ class ServerSettings(BaseModel):
     max_sessions: int = Field(
         10_000, ge=1, description="Most sessions remembered; the least recently used is forgotten."
     )
+    max_session_bytes: int = Field(
+        2 * 1024**3,
+        ge=1024 * 1024,
+        description="Most bytes the remembered sessions' token ids may take in all (a long session holds ~2 MB); "
+        "past it the least recently used sessions are forgotten first.",
+    )
     session_idle_grace: float = Field(
         60.0, ge=0, description="Seconds past its lease an idle session is kept before it is closed."
     )

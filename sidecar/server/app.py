@@ -130,6 +130,7 @@ def configure(app: web.Application, engine: EngineClient, tokenizer, info: dict[
     except ValueError as exc:
         raise StartupError(str(exc)) from None
     metrics.sessions.set_function(lambda: len(core.sessions))
+    metrics.session_bytes.set_function(lambda: core.sessions.nbytes)
     app[keys.WORKERS] = workers
     app[keys.RENDERER] = core.renderer
     app[keys.POLICY] = core.policy

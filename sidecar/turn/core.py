@@ -63,7 +63,7 @@ def build_core(settings: SidecarSettings, tokenizer, workers: Workers, metrics: 
     renderer = ChatRenderer(tokenizer)
     (worker,) = workers
     policy = build_policy(settings, worker.capacity, registry=metrics.registry)
-    sessions = SessionStore(policy, settings.server.max_sessions, metrics)
+    sessions = SessionStore(policy, settings.server.max_sessions, metrics, settings.server.max_session_bytes)
     a = settings.admission
     shares = QueueShares(settings.server.key_queue_share, a.max_queue, a.retry_after)
     return TurnCore(settings.server, renderer, sessions, policy, workers, metrics, model_name, shares)
