@@ -218,12 +218,20 @@ class ChatRenderer:
         for match in self._special_re.finditer(text):
             if any(a <= match.start() < b for a, b in spans):
                 continue  # the client's text: stays text
-            ids += self.codec.encode_as_text(text[start : match.start()]) + [self._special_ids[match.group()]]
+            ids += self._as_text(text[start : match.start()], len(ids), limit) + [self._special_ids[match.group()]]
             start = match.end()
-        ids += self.codec.encode_as_text(text[start:])
+        ids += self._as_text(text[start:], len(ids), limit)
         if limit and len(ids) > limit:
             raise TooManyTokens(len(ids), limit)
         return ids
+
+    def _as_text(self, piece: str, so_far: int, limit: int) -> list[int]:
+        if not limit:
+            return self.codec.encode_as_text(piece)
+        try:
+            return self.codec.encode_as_text(piece, max(limit - so_far, 1))
+        except TooManyTokens as exc:
+            raise TooManyTokens(exc.at_least + so_far, limit) from None
 
 
 @functools.cache

@@ -33,6 +33,25 @@ class TooManyTokens(Exception):
         self.limit = limit
 
 
+COUNT_AHEAD_CHARS_PER_TOKEN = 4  # a text longer than this x its limit is counted piece by piece first
+COUNT_PIECE_CHARS = 1 << 16
+CUT_SLACK = 16  # tokens a cut between pieces may add (merges across it lost, text around it split anew)
+
+
+def _cut_after(text: str, at: int) -> int:
+    """Where to end a piece near ``at``: after a line break that a non-space follows (the
+    pre-tokenizers of BPE models split there), else after a space, else at ``at``."""
+    if at >= len(text):
+        return len(text)
+    for mark in ("\n", " "):
+        i = text.find(mark, at, at + 65536)
+        while 0 <= i < len(text) - 1 and text[i + 1].isspace():
+            i = text.find(mark, i + 1, at + 65536)
+        if i >= 0:
+            return i + 1
+    return at
+
+
 # How far each normalizer may shrink a text's UTF-8 bytes, at most (NFC composes three Hangul
 # jamo into one syllable; NFKC maps a 4-byte mathematical letter to ASCII). Others: unknown.
 _NORMALIZER_SHRINK = {"NFC": 3, "NFD": 3, "NFKC": 4, "NFKD": 4}
@@ -120,41 +139,70 @@ class TokenCodec:
 
     def encode(self, text: str, limit: int = 0) -> list[int]:
         """The ids of ``text``; with ``limit`` > 0, TooManyTokens instead of more ids than that
-        (checked on the character count before any work, then on the encoding before its ids
-        become a Python list)."""
+        (checked on the character count before any work, then while counting a long text ahead,
+        then on the encoding before its ids become a Python list)."""
+        if self._backend_ready():
+            return self._encode_on(self._backend, text, limit)
         if limit:
             self.check_fits(len(text), limit)
-        if self._backend_ready():
-            if self._fast_batch:  # skips character offsets (unused here): same ids, ~20 % less time
-                encoding = self._backend.encode_batch_fast([text], add_special_tokens=False)[0]
-            else:
-                encoding = self._backend.encode(text, add_special_tokens=False)
-            if limit and len(encoding) > limit:
-                raise TooManyTokens(len(encoding), limit)
-            return encoding.ids
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        return self._within(list(self.tokenizer.encode(text, add_special_tokens=False)), limit)
+
+    def encode_as_text(self, text: str, limit: int = 0) -> list[int]:
+        """``encode``, with control tokens in ``text`` encoded as the plain text they spell (a
+        second backend with ``encode_special_tokens``: the shared one is never toggled)."""
+        if self._backend is None:
+            if limit:
+                self.check_fits(len(text), limit)
+            ids = self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+            return self._within(list(ids), limit)
+        if self._plain is None:
+            from tokenizers import Tokenizer
+
+            plain = Tokenizer.from_str(self._backend.to_str())
+            plain.encode_special_tokens = True
+            self._plain = plain
+        return self._encode_on(self._plain, text, limit)
+
+    def _encode_on(self, backend, text: str, limit: int) -> list[int]:
+        if limit:
+            self.check_fits(len(text), limit)
+            if len(text) > COUNT_AHEAD_CHARS_PER_TOKEN * limit:
+                self._count_ahead(backend, text, limit)
+        encoding = self._encoding(backend, text)
+        if limit and len(encoding) > limit:
+            raise TooManyTokens(len(encoding), limit)
+        return encoding.ids
+
+    @staticmethod
+    def _within(ids: list[int], limit: int) -> list[int]:
         if limit and len(ids) > limit:
             raise TooManyTokens(len(ids), limit)
         return ids
+
+    def _encoding(self, backend, text: str):
+        if self._fast_batch:  # skips character offsets (unused here): same ids, ~20 % less time
+            return backend.encode_batch_fast([text], add_special_tokens=False)[0]
+        return backend.encode(text, add_special_tokens=False)
+
+    def _count_ahead(self, backend, text: str, limit: int) -> None:
+        """A long text counted piece by piece, cut after line breaks: TooManyTokens as soon as the
+        pieces so far are past ``limit`` (less CUT_SLACK a cut, for the merges a cut prevents), so
+        the work is bounded by the limit, not by the text: a 50 MB prompt costs what its first
+        limit's worth of tokens cost."""
+        total = cuts = start = 0
+        while start < len(text):
+            end = _cut_after(text, start + COUNT_PIECE_CHARS)
+            total += len(self._encoding(backend, text[start:end]))
+            start = end
+            cuts += start < len(text)
+            if total - CUT_SLACK * cuts > limit:
+                raise TooManyTokens(total - CUT_SLACK * cuts, limit)
 
     def special_tokens(self) -> list[str]:
         """The control tokens (added tokens marked special: <|im_start|>, <|im_end|>, ...)."""
         if self._backend is None:
             return [t for t in self.tokenizer.all_special_tokens if t]
         return [t.content for t in self._backend.get_added_tokens_decoder().values() if t.special and t.content]
-
-    def encode_as_text(self, text: str) -> list[int]:
-        """The ids of ``text`` with control tokens in it encoded as the plain text they spell
-        (a second backend with ``encode_special_tokens``: the shared one is never toggled)."""
-        if self._plain is None:
-            from tokenizers import Tokenizer
-
-            if self._backend is None:
-                return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
-            plain = Tokenizer.from_str(self._backend.to_str())
-            plain.encode_special_tokens = True
-            self._plain = plain
-        return self._plain.encode(text, add_special_tokens=False).ids
 
     def fewest_tokens(self, n_chars: int) -> int:
         """A lower bound of the tokens of any text of ``n_chars`` characters (0 if unknown)."""

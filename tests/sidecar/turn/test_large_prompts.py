@@ -112,3 +112,34 @@ async def test_a_job_that_cannot_start_in_time_gets_503_and_never_runs():
     assert ran == []
     assert await offload.run(ran.append, "next") is None and ran == ["next"]
     offload.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(parts=st.lists(st.tuples(_pieces, st.integers(1, 2000)), min_size=1, max_size=8), limit=st.integers(100, 20_000))
+def test_counting_ahead_never_refuses_a_text_that_fits(codec, parts, limit):
+    """Counted piece by piece (small pieces here, so there are many cuts), a text is refused only
+    when its real count is past the limit."""
+    from sidecar.conversation import tokens
+
+    text = "".join(piece * n for piece, n in parts) + "\nend"
+    real = len(codec.encode(text))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(tokens, "COUNT_AHEAD_CHARS_PER_TOKEN", 0)
+        m.setattr(tokens, "COUNT_PIECE_CHARS", 50)
+        try:
+            ids = codec.encode(text, limit)
+        except tokens.TooManyTokens as exc:
+            assert real > limit and exc.at_least <= real
+        else:
+            assert real <= limit and len(ids) == real
+
+
+def test_a_huge_text_costs_what_its_first_limit_of_tokens_costs(codec, monkeypatch):
+    pieces = []
+    original = TokenCodec._encoding
+    monkeypatch.setattr(TokenCodec, "_encoding", lambda self, backend, text: pieces.append(len(text)) or original(self, backend, text))
+    text = "the quick brown fox jumps over the lazy dog\n" * 200_000  # 9 MB, ~2M tokens
+    with pytest.raises(Exception) as info:
+        codec.encode(text, 100_000)
+    assert type(info.value).__name__ == "TooManyTokens"
+    assert sum(pieces) < 1_000_000  # a few pieces, not the whole text
