@@ -71,6 +71,7 @@ def create_app(settings: SidecarSettings, tokenizer=None) -> web.Application:
     )
     app[keys.SETTINGS] = settings
     app[keys.METRICS] = SidecarMetrics()
+    app[keys.BULK_BODIES] = asyncio.Semaphore(1)
     app.cleanup_ctx.append(_engine_context(tokenizer))
     app.cleanup_ctx.append(_lifecycle_context)
     app.router.add_post("/v1/chat/completions", routes.chat_completions)

@@ -13,6 +13,7 @@ and its JSON must be strict (no duplicate keys, no NaN/Infinity) and hold at mos
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from sidecar.errors import APIError, body_too_large, invalid_json, invalid_reque
 
 MIN_RATE_GRACE_S = 5.0  # a body's average rate is held to body_min_rate from this second on
 DECODE_STEP_BYTES = 256 * 1024  # decoded output per step; the loop runs other work between steps
+LARGE_BODY_BYTES = 256 * 1024  # a body past this (or of unknown or encoded size) takes its turn at the bulk gate
 _SCAN_CHUNK = 1 << 20
 
 
@@ -33,11 +35,14 @@ class BodyLimits:
     timeout_s: float
     min_rate: float  # bytes/s, averaged, from MIN_RATE_GRACE_S on (0: off)
     max_json_values: int
+    # one large body's step (a piece counted or decoded, the parse) at a time on the event loop:
+    # fifty megabyte uploads then queue behind each other, not in front of every agent's request
+    bulk: asyncio.Semaphore | None = None
 
     @classmethod
-    def of(cls, server_settings) -> BodyLimits:
+    def of(cls, server_settings, bulk: asyncio.Semaphore | None = None) -> BodyLimits:
         s = server_settings
-        return cls(s.max_body_bytes, s.body_timeout, float(s.body_min_rate), s.max_json_values)
+        return cls(s.max_body_bytes, s.body_timeout, float(s.body_min_rate), s.max_json_values, bulk)
 
 
 def unsupported_media_type(message: str) -> APIError:
@@ -97,6 +102,11 @@ class _Decoder:
 
 async def read_body(request: web.Request, limits: BodyLimits) -> bytes:
     """The decoded body within ``limits`` (413 / 408 / 415 / 400 as the module says)."""
+    return (await _read(request, limits))[0]
+
+
+async def _read(request: web.Request, limits: BodyLimits) -> tuple[bytes, int]:
+    """The decoded body and an upper bound on its JSON values (counted as its pieces came)."""
     if request.content_length is not None and request.content_length > limits.max_bytes:
         raise body_too_large(f"{request.content_length} bytes, the limit is {limits.max_bytes}")
     decoder = _Decoder(request.headers.get("Content-Encoding", ""))
@@ -105,6 +115,11 @@ async def read_body(request: web.Request, limits: BodyLimits) -> bytes:
     final = start + limits.timeout_s
     received = decoded = 0
     pieces: list[bytes] = []
+    # an upper bound on the JSON values: commas + opening brackets + 1, counted as pieces come,
+    # only once the body is past what its size alone clears ((bytes + 1) / 2 values at most)
+    rough = 1
+    counting = not decoder.identity or (request.content_length or limits.max_bytes) > 2 * limits.max_json_values
+    gate = _bulk_gate(request, decoder, limits)
     try:
         async with asyncio.timeout_at(_loop_deadline(start, final, 0, limits)) as window:
             while True:
@@ -114,16 +129,21 @@ async def read_body(request: web.Request, limits: BodyLimits) -> bytes:
                 received += len(chunk)
                 if received > limits.max_bytes:
                     raise body_too_large(f"more than {limits.max_bytes} bytes")
-                if decoder.identity:
-                    pieces.append(chunk)
-                    decoded = received
-                else:
-                    for out in decoder.steps(chunk):
-                        decoded += len(out)
-                        if decoded > limits.max_bytes:
-                            raise body_too_large(f"more than {limits.max_bytes} bytes once decoded ({decoder.coding})")
-                        pieces.append(out)
-                        await asyncio.sleep(0)
+                async with gate:
+                    if decoder.identity:
+                        pieces.append(chunk)
+                        decoded = received
+                        if counting:
+                            rough += _openings(chunk)
+                    else:
+                        for out in decoder.steps(chunk):
+                            decoded += len(out)
+                            if decoded > limits.max_bytes:
+                                raise body_too_large(f"more than {limits.max_bytes} bytes once decoded ({decoder.coding})")
+                            pieces.append(out)
+                            if counting:
+                                rough += _openings(out)
+                            await asyncio.sleep(0)
                 window.reschedule(_loop_deadline(start, final, received, limits))
     except TimeoutError:
         elapsed = loop.time() - start
@@ -132,7 +152,16 @@ async def read_body(request: web.Request, limits: BodyLimits) -> bytes:
             f"{limits.timeout_s:g} s, {limits.min_rate:g} bytes/s)"
         ) from None
     decoder.finish()
-    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    return (pieces[0] if len(pieces) == 1 else b"".join(pieces)), rough
+
+
+def _bulk_gate(request: web.Request, decoder: _Decoder, limits: BodyLimits):
+    large = request.content_length is None or request.content_length > LARGE_BODY_BYTES or not decoder.identity
+    return limits.bulk if large and limits.bulk is not None else contextlib.nullcontext()
+
+
+def _openings(data: bytes) -> int:
+    return data.count(b",") + data.count(b"{") + data.count(b"[")
 
 
 def _loop_deadline(start: float, final: float, received: int, limits: BodyLimits) -> float:
@@ -147,16 +176,18 @@ async def read_json_body(request: web.Request, limits: BodyLimits) -> Any:
     """The body as strict JSON (any JSON value): declared JSON, within ``limits``, at most
     ``max_json_values`` values, no duplicate keys, no NaN/Infinity; else the error the module says."""
     check_json_media_type(request)
-    raw = await read_body(request, limits)
-    # Values are at most the commas + opening brackets + 1; a body under the limit by that count
-    # (nearly all) is parsed at once, others are counted exactly first (in a thread: numpy
-    # releases the GIL) so that countless tiny values are refused without building them.
-    rough = raw.count(b",") + raw.count(b"{") + raw.count(b"[") + 1
-    if rough > limits.max_json_values:
+    raw, rough_values = await _read(request, limits)
+    gate = limits.bulk if len(raw) > LARGE_BODY_BYTES and limits.bulk is not None else contextlib.nullcontext()
+    # Values are at most (bytes + 1) / 2, and at most the commas + opening brackets + 1 (counted
+    # while reading, for bodies that size alone does not clear); a body under the limit by either
+    # count (nearly all) is parsed at once, others are counted exactly first (in a thread: numpy
+    # releases the GIL), so that countless tiny values are refused unbuilt.
+    if rough_values > limits.max_json_values:
         values = await asyncio.get_running_loop().run_in_executor(None, count_json_values, raw)
         if values > limits.max_json_values:
             raise invalid_request(f"request body holds more than {limits.max_json_values} JSON values")
-    return parse_strict_json(raw)
+    async with gate:
+        return parse_strict_json(raw)
 
 
 def parse_strict_json(raw: bytes) -> Any:

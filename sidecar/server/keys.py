@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
 from sidecar.conversation.chat_template import ChatRenderer
@@ -19,3 +21,4 @@ RENDERER = web.AppKey("renderer", ChatRenderer)
 POLICY = web.AppKey("policy", SessionPolicy)
 SESSIONS = web.AppKey("sessions", SessionStore)
 TURNS = web.AppKey("turns", TurnCore)
+BULK_BODIES = web.AppKey("bulk_bodies", asyncio.Semaphore)  # large bodies' loop work, one step at a time

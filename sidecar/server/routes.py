@@ -19,7 +19,8 @@ from sidecar.server.auth import request_scope
 
 async def read_json(request: web.Request) -> Any:
     """The body as strict JSON within the configured limits (``sidecar.server.body``)."""
-    return await read_json_body(request, BodyLimits.of(request.app[keys.SETTINGS].server))
+    app = request.app
+    return await read_json_body(request, BodyLimits.of(app[keys.SETTINGS].server, app[keys.BULK_BODIES]))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

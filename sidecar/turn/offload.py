@@ -3,7 +3,9 @@
 Rendering, hashing and tokenizing a prompt of megabytes takes from tens of milliseconds to
 seconds; on the event loop it would stall every stream and /health. Large requests hand that
 work to one thread instead (the tokenizers library and hashlib release the GIL while they run),
-so at most one core goes to them and the loop keeps serving. A job that cannot start within
+so at most one core goes to them and the loop keeps serving. (Not at a lower CPU priority: the
+thread holds the GIL between tokenizer calls, and a thread the scheduler puts off while it holds
+the GIL stalls the loop instead.) A job that cannot start within
 its deadline gets 503 (retry later) and is dropped if it has not started; one that runs is bounded
 by the request's own size, which the body and token limits have already capped. After a job the C
 heap is trimmed: the tokenizer's buffers for a large prompt would otherwise stay in the

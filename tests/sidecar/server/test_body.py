@@ -174,3 +174,10 @@ async def test_a_body_must_keep_the_least_rate(make_sidecar, monkeypatch):
     answer, answered, closed = await _raw_request(client, _head(100_000), [(b"x" * 10, 0.2)] * 60)
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
     assert answered < 2.5 and closed < 3.5
+
+
+async def test_countless_values_in_a_small_gzip_are_refused_too(make_sidecar):
+    client = await make_sidecar(max_json_values=1000, max_messages=100_000)
+    many = json.dumps({"messages": [{"role": "user", "content": "a"}] * 5000}).encode()
+    status, err = await post(client, gzip.compress(many), **{"Content-Encoding": "gzip"})
+    assert status == 400 and "1000 JSON values" in err["error"]["message"]
