@@ -15,7 +15,7 @@ then the agents go on for ``--after`` seconds. It reports the agents' TTFT in th
 during the attack (from its first request until its last answer + 1 s), the ``/health`` latency,
 what the attackers got back, and the sidecar's RSS before, at its peak and at the end.
 
-    python -m sidecar_tools.benchmarks.hostile_load --out benchmarks/results/hostile
+    python -m sidecar_tools.benchmarks.hostile_load --out benchmarks/results/hostile [--name run-1]
 
 Targets (issue "hostile inputs", point 1): the agents' added TTFT p99 and /health p99 under 50 ms,
 and RSS back within 10 % afterwards. Every process is stopped at the end, also on Ctrl-C.
@@ -260,8 +260,9 @@ async def run(cfg: dict[str, Any], tokenizer_dir: str, log) -> dict[str, Any]:
 @click.option("--small-mb", type=float, default=1.0, show_default=True)
 @click.option("--small-clients", type=int, default=50, show_default=True)
 @click.option("--tokenizer", "tokenizer_dir", default=None, help="Qwen3 tokenizer folder (default: built offline).")
-@click.option("--out", type=click.Path(file_okay=False), default=None, help="Write hostile-load.json here.")
-def main(agents, baseline, after, attack_window, big_mb, small_mb, small_clients, tokenizer_dir, out):
+@click.option("--out", type=click.Path(file_okay=False), default=None, help="Write NAME.json here.")
+@click.option("--name", default="hostile-load", show_default=True, help="File stem of the result.")
+def main(agents, baseline, after, attack_window, big_mb, small_mb, small_clients, tokenizer_dir, out, name):
     cfg = {"agents": agents, "baseline": baseline, "after": after, "attack_window": attack_window, "big_mb": big_mb,
            "small_mb": small_mb, "small_clients": small_clients, "preset": PRESET}
     with tempfile.TemporaryDirectory(prefix="hostile-tok-") as tmp:
@@ -275,7 +276,7 @@ def main(agents, baseline, after, attack_window, big_mb, small_mb, small_clients
     click.echo(json.dumps(summary, indent=2))
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
-        path = Path(out) / "hostile-load.json"
+        path = Path(out) / f"{name}.json"
         path.write_text(json.dumps(result, indent=1) + "\n")
         click.echo(f"wrote {path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path}", err=True)
 
