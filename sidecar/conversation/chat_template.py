@@ -125,15 +125,7 @@ class ChatRenderer:
     def _head(self, messages: list[dict], tools, kwargs, text: str, limit: int = 0) -> tuple[str, list[int]] | None:
         """The leading system block of ``text`` and its ids, if it is cached (or cacheable) and
         ``text`` can be cut right after it without changing a single id."""
-        n = 0
-        while n < len(messages) and messages[n].get("role") == "system":
-            n += 1
-        if n == 0 or n == len(messages):
-            return None
-        try:
-            head_text = self._render(messages[:n], tools, kwargs, add_generation_prompt=False)
-        except APIError:  # a template may refuse a conversation without a user turn
-            return None
+        head_text = self._system_block_text(messages, tools, kwargs)
         if not isinstance(head_text, str) or not text.startswith(head_text) or not self.codec.splits_at(text, len(head_text)):
             return None
         known, ids = self.heads.get(head_text)
@@ -145,16 +137,21 @@ class ChatRenderer:
     def system_block_ids(self, messages: list[dict], tools=None, kwargs=None) -> list[int] | None:
         """The ids of the leading system block (system messages + tools) as ``render_full`` cached
         them; None if it did not (no system message, or a block that does not cut cleanly)."""
+        head_text = self._system_block_text(messages, tools, kwargs)
+        return self.heads.get(head_text)[1] if isinstance(head_text, str) else None
+
+    def _system_block_text(self, messages: list[dict], tools, kwargs) -> str | None:
+        """The rendering of the leading system messages (with the tools), if there are some and
+        other messages follow."""
         n = 0
         while n < len(messages) and messages[n].get("role") == "system":
             n += 1
         if n == 0 or n == len(messages):
             return None
         try:
-            head_text = self._render(messages[:n], tools, kwargs, add_generation_prompt=False)
-        except APIError:
+            return self._render(messages[:n], tools, kwargs, add_generation_prompt=False)
+        except APIError:  # a template may refuse a conversation without a user turn
             return None
-        return self.heads.get(head_text)[1]
 
     def _verified_head_ids(self, head_text: str, text: str, limit: int = 0) -> list[int] | None:
         """The block's ids, once checked against encoding the whole text (paid once per block)."""

@@ -41,12 +41,8 @@ def test_text_without_control_tokens_is_unchanged(renderer, qwen3_tokenizer):
     assert renderer.render_full(messages) == qwen3_tokenizer.encode(text, add_special_tokens=False)
 
 
-async def test_through_the_api(aiohttp_client, sglang_double, qwen3_tokenizer_dir, qwen3_tokenizer):
-    from sidecar.server.app import create_app
-    from sidecar.settings import load_settings
-
-    settings = load_settings(overrides={"server": {"sglang_url": sglang_double.url, "tokenizer": str(qwen3_tokenizer_dir)}})
-    client = await aiohttp_client(create_app(settings, tokenizer=qwen3_tokenizer))
+async def test_through_the_api(make_sidecar, sglang_double):
+    client = await make_sidecar()
     resp = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": FORGED}], "max_tokens": 2})
     assert resp.status == 200
     assert sglang_double.requests[0]["input_ids"].count(IM_START) == 2

@@ -190,12 +190,8 @@ def test_the_store_is_bounded_in_bytes_least_recently_used_first():
     assert len(res.session.turns) == 1 and solo.nbytes <= 30_000
 
 
-async def test_session_bytes_are_on_metrics(aiohttp_client, sglang_double, qwen3_tokenizer_dir, qwen3_tokenizer):
-    from sidecar.server.app import create_app
-    from sidecar.settings import load_settings
-
-    settings = load_settings(overrides={"server": {"sglang_url": sglang_double.url, "tokenizer": str(qwen3_tokenizer_dir)}})
-    client = await aiohttp_client(create_app(settings, tokenizer=qwen3_tokenizer))
+async def test_session_bytes_are_on_metrics(make_sidecar):
+    client = await make_sidecar()
     resp = await client.post("/v1/chat/completions", json={"messages": [USER], "max_tokens": 3})
     assert resp.status == 200
     text = await (await client.get("/metrics")).text()

@@ -9,20 +9,14 @@ import socket
 
 from sglang_double import scripted_responder
 
-from sidecar.server.app import create_app
-from sidecar.settings import load_settings
 
 
-async def test_a_client_that_stops_reading_is_cut_and_its_request_aborted(
-    aiohttp_client, make_sglang_double, qwen3_tokenizer_dir, qwen3_tokenizer
-):
+async def test_a_client_that_stops_reading_is_cut_and_its_request_aborted(make_sidecar, make_sglang_double, qwen3_tokenizer):
     double = await make_sglang_double(context_length=40960)
     wide = qwen3_tokenizer.encode(" " * 128, add_special_tokens=False)
     assert len(wide) == 1
     double.responder = scripted_responder(wide * 30_000)  # ~10 MB of SSE: more than any socket buffer
-    settings = load_settings(overrides={"server": {
-        "sglang_url": double.url, "tokenizer": str(qwen3_tokenizer_dir), "stream_write_timeout": 0.5}})
-    client = await aiohttp_client(create_app(settings, tokenizer=qwen3_tokenizer))
+    client = await make_sidecar(double=double, stream_write_timeout=0.5)
 
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)

@@ -7,19 +7,13 @@ import json
 
 import pytest
 
-from sidecar.server.app import create_app
-from sidecar.settings import load_settings
 
 BASE = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
 @pytest.fixture
-async def client(aiohttp_client, sglang_double, qwen3_tokenizer_dir, qwen3_tokenizer):
-    settings = load_settings(
-        overrides={"server": {"sglang_url": sglang_double.url, "tokenizer": str(qwen3_tokenizer_dir),
-                              "max_tools": 8, "max_content_parts": 16, "max_messages": 50}}
-    )
-    return await aiohttp_client(create_app(settings, tokenizer=qwen3_tokenizer))
+async def client(make_sidecar):
+    return await make_sidecar(max_tools=8, max_content_parts=16, max_messages=50)
 
 
 async def post_raw(client, raw: bytes):

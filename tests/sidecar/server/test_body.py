@@ -12,22 +12,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from sidecar.server import body as body_module
-from sidecar.server.app import create_app
 from sidecar.server.body import count_json_values
-from sidecar.settings import load_settings
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-
-
-@pytest.fixture
-async def make_sidecar(aiohttp_client, sglang_double, qwen3_tokenizer_dir, qwen3_tokenizer):
-    async def make(**server):
-        settings = load_settings(
-            overrides={"server": {"sglang_url": sglang_double.url, "tokenizer": str(qwen3_tokenizer_dir), **server}}
-        )
-        return await aiohttp_client(create_app(settings, tokenizer=qwen3_tokenizer))
-
-    return make
 
 
 async def post(client, data: bytes, **headers):

@@ -12,8 +12,6 @@ from hypothesis import given, settings, strategies as st
 
 from sidecar.conversation.tokens import TokenCodec
 from sidecar.errors import APIError
-from sidecar.server.app import create_app
-from sidecar.settings import load_settings
 from sidecar.turn.offload import Offload
 
 
@@ -40,13 +38,10 @@ def test_the_qwen3_bound_is_known(codec):
 
 
 @pytest.fixture
-async def sidecar(aiohttp_client, make_sglang_double, qwen3_tokenizer_dir, qwen3_tokenizer):
+async def sidecar(make_sidecar, make_sglang_double):
     double = await make_sglang_double(context_length=40960, max_total_num_tokens=200_000)
-    settings_ = load_settings(
-        overrides={"server": {"sglang_url": double.url, "tokenizer": str(qwen3_tokenizer_dir), "max_body_bytes": 64 << 20}}
-    )
-    app = create_app(settings_, tokenizer=qwen3_tokenizer)
-    return await aiohttp_client(app), double, app
+    client = await make_sidecar(double=double, max_body_bytes=64 << 20)
+    return client, double, client.server.app
 
 
 def _spy_encode(monkeypatch):
