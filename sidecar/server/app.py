@@ -115,6 +115,7 @@ def _engine_context(preloaded_tokenizer):
             await http.close()
             raise
         yield
+        app[keys.TURNS].offload.close()
         await http.close()
 
     return context
