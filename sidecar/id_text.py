@@ -44,6 +44,11 @@ class IdText:
             return other
         return IdText._of(self._text + b"," + other._text, self._n + other._n)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the ids take as held (their text)."""
+        return len(self._text)
+
     def json(self) -> bytes:
         """The JSON array, as SGLang receives it."""
         return b"[" + self._text + b"]"

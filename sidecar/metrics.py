@@ -60,6 +60,9 @@ class SidecarMetrics:
         self.sessions = Gauge("sidecar_sessions", "Sessions the sidecar remembers", registry=r)
         self._session_states = _SessionStates()
         r.register(self._session_states)
+        self.session_bytes = Gauge(
+            "sidecar_session_bytes", "Bytes the remembered sessions' turn states take (token ids)", registry=r
+        )
         self.sessions_closed = Counter("sidecar_sessions_closed", "Sessions closed in SGLang and forgotten", ["reason"], registry=r)
         self.engine_capacity = Gauge(
             "sidecar_engine_capacity_tokens",

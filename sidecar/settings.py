@@ -41,7 +41,26 @@ class ServerSettings(BaseModel):
     max_body_bytes: int = Field(
         32 * 1024 * 1024, ge=1024, description="Largest request body accepted; larger gets 413."
     )
+    body_timeout: float = Field(
+        30.0, gt=0, description="Seconds a request body may take to arrive; slower gets 408 and the connection is closed."
+    )
+    body_min_rate: int = Field(
+        16_384,
+        ge=0,
+        description="Least average rate (bytes/s) a request body must keep from its fifth second on; slower gets 408 "
+        "(0 = only --body-timeout).",
+    )
+    max_json_values: int = Field(
+        200_000,
+        ge=1000,
+        description="Most JSON values (objects, arrays, strings, numbers) one request body may hold; counted before "
+        "it is parsed, so a body of countless tiny values is refused without the work.",
+    )
     max_messages: int = Field(10_000, ge=1, description="Most messages one request may carry.")
+    max_tools: int = Field(1024, ge=1, description="Most tools one request may declare.")
+    max_content_parts: int = Field(
+        10_000, ge=1, description="Most content parts (text pieces of a message) one request may carry in all."
+    )
     max_prompt_tokens: int | None = Field(
         None, ge=1, description="Most prompt tokens one request may have. Default: SGLang's max_req_input_len."
     )
@@ -52,6 +71,18 @@ class ServerSettings(BaseModel):
         600.0, gt=0, description="Seconds one engine request may take before the agent gets 504."
     )
     connect_timeout: float = Field(5.0, gt=0, description="Seconds to connect to SGLang.")
+    stream_write_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds a streamed reply may wait for a client that stopped reading; then the stream is cut "
+        "and its SGLang request aborted.",
+    )
+    tokenize_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a large prompt may wait for the tokenizer thread (large prompts are tokenized off the "
+        "event loop, one at a time); past it the request gets 503.",
+    )
     startup_wait: float = Field(
         30.0,
         ge=0,
@@ -73,6 +104,12 @@ class ServerSettings(BaseModel):
     )
     max_sessions: int = Field(
         10_000, ge=1, description="Most sessions remembered; the least recently used is forgotten."
+    )
+    max_session_bytes: int = Field(
+        2 * 1024**3,
+        ge=1024 * 1024,
+        description="Most bytes the remembered sessions' token ids may take in all (a long session holds ~2 MB); "
+        "past it the least recently used sessions are forgotten first.",
     )
     session_idle_grace: float = Field(
         60.0, ge=0, description="Seconds past its lease an idle session is kept before it is closed."
@@ -108,6 +145,30 @@ class ServerSettings(BaseModel):
         True,
         description="With auth on, GET /v1/sessions needs a key (and lists only that key's sessions); "
         "off: without a key it lists every session. Closing a session always needs its key.",
+    )
+    key_queue_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="With auth on, the largest share of the admission queue (--admission-max-queue) one key's new "
+        "sessions may hold; past it that key gets 429 while other keys' new sessions still queue.",
+    )
+    key_rate_limit: float = Field(
+        0.0, ge=0, description="With auth on, requests per second one key may send; past it 429 + Retry-After (0 = no limit)."
+    )
+    key_rate_burst: int = Field(20, ge=1, description="Requests one key may send at once above --key-rate-limit.")
+    cache_isolation: bool = Field(
+        True,
+        description="With auth on, each key's requests carry their own SGLang cache namespace (cache_salt), so no "
+        "key can learn from cached_tokens or timing what another key's prompts hold. Off: all keys share one "
+        "prefix cache.",
+    )
+    shared_prefix_file: str | None = Field(
+        None,
+        description="With cache isolation: a file holding a system prompt every key's agents use (an agent "
+        "framework's). Requests whose first message is a system message of exactly this text share one cache "
+        "namespace across keys; their cached_tokens count the system block only when it was cached whole, plus "
+        "the key's own history. Trade-off: README, Auth.",
     )
     sglang_api_key: str | None = Field(
         None, description="SGLang's --api-key, sent as 'Authorization: Bearer' on every engine call."

@@ -42,9 +42,9 @@ def turn_request(req: CountTokensRequest, session_id: str | None, scope: str) ->
     return turn
 
 
-async def handle(request: web.Request, raw: bytes, core: TurnCore, scope: str) -> web.StreamResponse:
-    """POST /v1/messages with its body already read."""
-    req = parse_messages_request(raw)
+async def handle(request: web.Request, body: Any, core: TurnCore, scope: str) -> web.StreamResponse:
+    """POST /v1/messages with its body already read and parsed (strict JSON)."""
+    req = parse_messages_request(body, core.settings)
     parsed: list[Any] = [req, turn_request(req, request.headers.get("X-Session-Id"), scope)]
     stream = req.stream
     del req
@@ -62,7 +62,7 @@ async def full_reply(turn: Turn, model: str) -> web.Response:
     return web.json_response(shapes.message(shapes.message_id(), model, content, turn.result))
 
 
-async def count_tokens(request: web.Request, raw: bytes, core: TurnCore, scope: str) -> web.Response:
+async def count_tokens(request: web.Request, body: Any, core: TurnCore, scope: str) -> web.Response:
     """POST /v1/messages/count_tokens: the prompt's tokens rendered whole, as a new session sends it."""
-    req = parse_count_tokens_request(raw)
-    return web.json_response({"input_tokens": core.count_tokens(turn_request(req, None, scope))})
+    req = parse_count_tokens_request(body, core.settings)
+    return web.json_response({"input_tokens": await core.count_tokens(turn_request(req, None, scope))})

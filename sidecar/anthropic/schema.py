@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from sidecar.errors import invalid_request
-from sidecar.frontdoor.body import known_types, parse_body
+from sidecar.frontdoor.body import MAX_STOP_COUNT, TOOL_NAME_PATTERN, TOP_K_ALL, check_counts, known_types, parse_body
 from sidecar.frontdoor.messages import ToolCallLedger, assistant_message, function_tool, tool_call, tool_message
 
 
@@ -70,7 +70,7 @@ class ToolDef(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     type: Literal["custom"] | None = None
-    name: str = Field(min_length=1, max_length=256)
+    name: str = Field(pattern=TOOL_NAME_PATTERN)  # written into the prompt and the forced tool-call prefix
     description: str | None = None
     input_schema: dict[str, Any]
 
@@ -78,7 +78,7 @@ class ToolDef(BaseModel):
 class ToolChoice(BaseModel):
     model_config = ConfigDict(extra="ignore")  # disable_parallel_tool_use: the parser reads every call
     type: Literal["auto", "any", "tool", "none"]
-    name: str | None = None
+    name: str | None = Field(default=None, pattern=TOOL_NAME_PATTERN)
 
     @model_validator(mode="after")
     def _named(self) -> "ToolChoice":
@@ -130,8 +130,8 @@ class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1)
     temperature: Annotated[float, Field(ge=0, le=1)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    top_k: Annotated[int, Field(ge=1)] | None = None
-    stop_sequences: list[str] | None = None
+    top_k: Annotated[int, Field(ge=1, le=TOP_K_ALL)] | None = None
+    stop_sequences: Annotated[list[str], Field(max_length=MAX_STOP_COUNT)] | None = None
     stream: bool = False
     ignore_eos: bool | None = None  # an SGLang sampling extra, as on the chat-completions door
 
@@ -181,9 +181,12 @@ def _turn_messages(role: str, blocks: list[tuple[str, Any]], ledger: ToolCallLed
     return out
 
 
-def parse_messages_request(raw: bytes) -> MessagesRequest:
-    return parse_body(MessagesRequest, raw)
+def parse_messages_request(body: Any, limits) -> MessagesRequest:
+    """The parsed body (strict JSON), its counts checked (``limits``: ServerSettings), validated strictly."""
+    check_counts(body, limits)
+    return parse_body(MessagesRequest, body)
 
 
-def parse_count_tokens_request(raw: bytes) -> CountTokensRequest:
-    return parse_body(CountTokensRequest, raw)
+def parse_count_tokens_request(body: Any, limits) -> CountTokensRequest:
+    check_counts(body, limits)
+    return parse_body(CountTokensRequest, body)

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
+import threading
 from collections import OrderedDict
 from typing import Any
 
-from sidecar.conversation.tokens import TokenCodec
+from sidecar.conversation.tokens import TokenCodec, TooManyTokens
 from sidecar.errors import APIError, invalid_request
 
 _MARKER = "\u2063sidecar-reply-end\u2063"
@@ -26,29 +28,33 @@ _ANCHOR_USER = {"role": "user", "content": "."}
 
 
 class HeadCache:
-    """Bounded LRU: rendered system block text -> its exact ids (only blocks verified to cut cleanly)."""
+    """Bounded LRU: rendered system block text -> its exact ids (only blocks verified to cut cleanly).
+    Locked: large prompts are rendered on the tokenizer thread, the others on the event loop."""
 
     def __init__(self, max_entries: int = 64, max_chars: int = 4_000_000):
         self.max_entries, self.max_chars = max_entries, max_chars
         self._entries: "OrderedDict[str, list[int] | None]" = OrderedDict()  # None: known not to cut cleanly
         self._chars = 0
+        self._lock = threading.Lock()
 
     def get(self, text: str) -> tuple[bool, list[int] | None]:
         """(known, ids); ids None for a block known not to cut cleanly."""
-        if text not in self._entries:
-            return False, None
-        self._entries.move_to_end(text)
-        return True, self._entries[text]
+        with self._lock:
+            if text not in self._entries:
+                return False, None
+            self._entries.move_to_end(text)
+            return True, self._entries[text]
 
     def put(self, text: str, ids: list[int] | None) -> None:
         if len(text) > self.max_chars:
             return
-        if text not in self._entries:
-            self._chars += len(text)
-        self._entries[text] = ids
-        while len(self._entries) > self.max_entries or self._chars > self.max_chars:
-            old, _ = self._entries.popitem(last=False)
-            self._chars -= len(old)
+        with self._lock:
+            if text not in self._entries:
+                self._chars += len(text)
+            self._entries[text] = ids
+            while len(self._entries) > self.max_entries or self._chars > self.max_chars:
+                old, _ = self._entries.popitem(last=False)
+                self._chars -= len(old)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -61,6 +67,10 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.codec = TokenCodec(tokenizer)
         self.eos_ids = self._eos_ids()
+        self.vocab_size = len(tokenizer)  # ids the tokenizer knows (added tokens included)
+        specials = sorted(self.codec.special_tokens(), key=len, reverse=True)
+        self._special_re = re.compile("|".join(map(re.escape, specials))) if specials else None
+        self._special_ids = {t: self.tokenizer.convert_tokens_to_ids(t) for t in specials}
         self.heads = HeadCache()
 
     def _eos_ids(self) -> list[int]:
@@ -92,48 +102,67 @@ class ChatRenderer:
         if reserved:
             raise invalid_request(f"chat_template_kwargs may not set {', '.join(reserved)}", param="chat_template_kwargs")
 
-    def encode(self, text: str) -> list[int]:
-        return self.codec.encode(text)
+    def encode(self, text: str, limit: int = 0) -> list[int]:
+        return self.codec.encode(text, limit)
 
-    def render_full(self, messages: list[dict], tools=None, kwargs=None) -> list[int]:
-        """Ids of a whole conversation plus the generation prompt (first turn or new branch)."""
+    def render_full(self, messages: list[dict], tools=None, kwargs=None, limit: int = 0) -> list[int]:
+        """Ids of a whole conversation plus the generation prompt (first turn or new branch).
+        ``limit`` > 0: TooManyTokens (``sidecar.conversation.tokens``) rather than more ids, known
+        from the rendered text's length where it can be, before any tokenizing."""
         text = self._render(messages, tools, kwargs, add_generation_prompt=True)
-        head = self._head(messages, tools, kwargs, text)
+        self.codec.check_fits(len(text), limit)
+        if self._spells_control_tokens(messages):
+            return self._encode_client_text_as_text(text, messages, limit)
+        head = self._head(messages, tools, kwargs, text, limit)
         if head is None:
-            return self.encode(text)
+            return self.encode(text, limit)
         head_text, head_ids = head
-        return head_ids + self.encode(text[len(head_text) :])
+        try:
+            return head_ids + self.encode(text[len(head_text) :], max(limit - len(head_ids), 1) if limit else 0)
+        except TooManyTokens as exc:
+            raise TooManyTokens(exc.at_least + len(head_ids), limit) from None
 
-    def _head(self, messages: list[dict], tools, kwargs, text: str) -> tuple[str, list[int]] | None:
+    def _head(self, messages: list[dict], tools, kwargs, text: str, limit: int = 0) -> tuple[str, list[int]] | None:
         """The leading system block of ``text`` and its ids, if it is cached (or cacheable) and
         ``text`` can be cut right after it without changing a single id."""
+        head_text = self._system_block_text(messages, tools, kwargs)
+        if not isinstance(head_text, str) or not text.startswith(head_text) or not self.codec.splits_at(text, len(head_text)):
+            return None
+        known, ids = self.heads.get(head_text)
+        if not known:
+            ids = self._verified_head_ids(head_text, text, limit)
+            self.heads.put(head_text, ids)
+        return (head_text, ids) if ids is not None else None
+
+    def system_block_ids(self, messages: list[dict], tools=None, kwargs=None) -> list[int] | None:
+        """The ids of the leading system block (system messages + tools) as ``render_full`` cached
+        them; None if it did not (no system message, or a block that does not cut cleanly)."""
+        head_text = self._system_block_text(messages, tools, kwargs)
+        return self.heads.get(head_text)[1] if isinstance(head_text, str) else None
+
+    def _system_block_text(self, messages: list[dict], tools, kwargs) -> str | None:
+        """The rendering of the leading system messages (with the tools), if there are some and
+        other messages follow."""
         n = 0
         while n < len(messages) and messages[n].get("role") == "system":
             n += 1
         if n == 0 or n == len(messages):
             return None
         try:
-            head_text = self._render(messages[:n], tools, kwargs, add_generation_prompt=False)
+            return self._render(messages[:n], tools, kwargs, add_generation_prompt=False)
         except APIError:  # a template may refuse a conversation without a user turn
             return None
-        if not isinstance(head_text, str) or not text.startswith(head_text) or not self.codec.splits_at(text, len(head_text)):
-            return None
-        known, ids = self.heads.get(head_text)
-        if not known:
-            ids = self._verified_head_ids(head_text, text)
-            self.heads.put(head_text, ids)
-        return (head_text, ids) if ids is not None else None
 
-    def _verified_head_ids(self, head_text: str, text: str) -> list[int] | None:
+    def _verified_head_ids(self, head_text: str, text: str, limit: int = 0) -> list[int] | None:
         """The block's ids, once checked against encoding the whole text (paid once per block)."""
         head_ids = self.encode(head_text)
-        whole = self.encode(text)
+        whole = self.encode(text, limit)
         if whole[: len(head_ids)] != head_ids or whole[len(head_ids) :] != self.encode(text[len(head_text) :]):
             return None
         return head_ids
 
     def render_suffix(
-        self, new_messages: list[dict], previous_end_id: int | None, tools=None, kwargs=None
+        self, new_messages: list[dict], previous_end_id: int | None, tools=None, kwargs=None, limit: int = 0
     ) -> list[int]:
         """Ids that follow a previous reply: its turn closing, the new messages, the generation prompt.
 
@@ -150,7 +179,56 @@ class ChatRenderer:
             end_text = self.codec.decode([previous_end_id], skip_special_tokens=False)
             if end_text and suffix.startswith(end_text):
                 suffix = suffix[len(end_text) :]
-        return self.encode(suffix)
+        if self._spells_control_tokens(new_messages):
+            return self._encode_client_text_as_text(suffix, new_messages, limit)
+        return self.encode(suffix, limit)
+
+    def _spells_control_tokens(self, messages: list[dict]) -> bool:
+        regex = self._special_re
+        return regex is not None and any(regex.search(m.get("content") or "") for m in messages)
+
+    def _encode_client_text_as_text(self, text: str, messages: list[dict], limit: int) -> list[int]:
+        """Ids of a rendered ``text`` in which the control tokens the messages' own text spells
+        (``<|im_start|>system`` typed by a user or returned by a tool) are plain text, and only the
+        template's own are control tokens: no message can forge a role or end a turn.
+
+        The tokenizer splits a text at every control token before anything else, so encoding the
+        pieces between the template's control tokens one by one gives the ids the whole would
+        have, if the client's markers were not special."""
+        spans, pos = [], 0
+        for m in messages:
+            content = m.get("content") or ""
+            if not self._special_re.search(content):
+                continue
+            for candidate in (content, content.strip()):
+                at = text.find(candidate, pos)
+                if at >= 0:
+                    spans.append((at, at + len(candidate)))
+                    pos = at + len(candidate)
+                    break
+            else:
+                raise invalid_request(
+                    f"a {m.get('role')} message spells control tokens and the chat template does not render it verbatim"
+                )
+        ids: list[int] = []
+        start = 0
+        for match in self._special_re.finditer(text):
+            if any(a <= match.start() < b for a, b in spans):
+                continue  # the client's text: stays text
+            ids += self._as_text(text[start : match.start()], len(ids), limit) + [self._special_ids[match.group()]]
+            start = match.end()
+        ids += self._as_text(text[start:], len(ids), limit)
+        if limit and len(ids) > limit:
+            raise TooManyTokens(len(ids), limit)
+        return ids
+
+    def _as_text(self, piece: str, so_far: int, limit: int) -> list[int]:
+        if not limit:
+            return self.codec.encode_as_text(piece)
+        try:
+            return self.codec.encode_as_text(piece, max(limit - so_far, 1))
+        except TooManyTokens as exc:
+            raise TooManyTokens(exc.at_least + so_far, limit) from None
 
 
 @functools.cache

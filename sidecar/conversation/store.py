@@ -37,6 +37,7 @@ from sidecar.metrics import SidecarMetrics
 from sidecar.policy.lifecycle import SessionRecord
 
 MAX_TURN_STATES_PER_SESSION = 16  # enough for retries and edits of recent turns
+TURN_STATE_OVERHEAD_BYTES = 200  # a TurnState's objects besides its ids (fingerprint, dataclass, dict slot)
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9._:@\-]{1,128}$")
 
 
@@ -62,6 +63,11 @@ class TurnState:
     end_id: int | None  # stop token that ended the reply (None: cut by length or stop string)
     parent: bytes | None = None  # fingerprint of the state this turn continued (None: rendered whole)
 
+    @property
+    def nbytes(self) -> int:
+        ids = self.token_ids
+        return (ids.nbytes if isinstance(ids, IdText) else 8 * len(ids)) + TURN_STATE_OVERHEAD_BYTES
+
 
 @dataclass(eq=False)
 class Session:
@@ -74,6 +80,7 @@ class Session:
     inflight: int = 0  # requests the sidecar is handling (waiting for admission or running)
     turn_count: int = 0
     worker: Worker | None = None  # the worker its requests went to (None: none went yet)
+    nbytes: int = 0  # what its turn states take
 
     @property
     def public_id(self) -> str:
@@ -129,11 +136,15 @@ class SessionStore:
 
     ``policy`` makes each new session's record and is told when a session is forgotten; the store
     binds itself to it as the records it reads (``policy.bind``). ``metrics`` counts forgotten
-    sessions by reason (idle, capacity, client, failed).
+    sessions by reason (idle, capacity, memory, client, failed).
     """
 
-    def __init__(self, policy, max_sessions: int = 10_000, metrics: SidecarMetrics | None = None):
+    def __init__(
+        self, policy, max_sessions: int = 10_000, metrics: SidecarMetrics | None = None, max_bytes: int | None = None
+    ):
         self.max_sessions = max_sessions
+        self.max_bytes = max_bytes  # of all turn states (None: no bound)
+        self.nbytes = 0
         self.policy = policy
         self._metrics = metrics
         self._sessions: "OrderedDict[str, Session]" = OrderedDict()
@@ -169,8 +180,12 @@ class SessionStore:
         self._sessions.move_to_end(sid)
         return session, is_new
 
-    def resolve(self, messages: list[dict[str, Any]], explicit_id: str | None, scope: str = "") -> Resolution:
-        prints = fingerprints(messages)
+    def resolve(
+        self, messages: list[dict[str, Any]], explicit_id: str | None, scope: str = "", prints: list[bytes] | None = None
+    ) -> Resolution:
+        """The session and turn a request continues; ``prints`` are its messages' fingerprints
+        when the caller already has them (computed off the event loop for a large request)."""
+        prints = fingerprints(messages) if prints is None else prints
         if explicit_id is not None:
             session, is_new = self.open(explicit_id, scope)
             base = self._longest_match(messages, prints, lambda fp: session.turns.get(fp))
@@ -205,22 +220,50 @@ class SessionStore:
         return None
 
     def record_turn(self, session: Session, state: TurnState) -> None:
-        """Remember the ids of a finished turn so the next request can continue it."""
+        """Remember the ids of a finished turn so the next request can continue it; then, past
+        ``max_bytes``, forget the least recently used other sessions (and, if this one alone is
+        too big, its own older turns)."""
+        replaced = session.turns.get(state.fingerprint)
+        if replaced is not None:
+            self._count_bytes(session, -replaced.nbytes)
         session.turns[state.fingerprint] = state
         session.turns.move_to_end(state.fingerprint)
+        self._count_bytes(session, state.nbytes)
         while len(session.turns) > MAX_TURN_STATES_PER_SESSION:
-            old_fp, _ = session.turns.popitem(last=False)
-            if self._index.get((session.scope, old_fp)) == session.id:
-                del self._index[(session.scope, old_fp)]
+            self._drop_oldest_turn(session)
+        if self.max_bytes is not None:
+            while self.nbytes > self.max_bytes and self._forget_one_other(session):
+                pass
+            while self.nbytes > self.max_bytes and len(session.turns) > 1:
+                self._drop_oldest_turn(session)
         self._index[(session.scope, state.fingerprint)] = session.id
         session.turn_count += 1
 
+    def _drop_oldest_turn(self, session: Session) -> None:
+        old_fp, old = session.turns.popitem(last=False)
+        self._count_bytes(session, -old.nbytes)
+        if self._index.get((session.scope, old_fp)) == session.id:
+            del self._index[(session.scope, old_fp)]
+
+    def _forget_one_other(self, keep: Session) -> bool:
+        """Forget the least recently used session that is idle and not ``keep``; False if none."""
+        victim = next((s for s in self._sessions.values() if not s.inflight and s is not keep), None)
+        if victim is None:
+            return False
+        self.forget(victim, "memory")
+        return True
+
+    def _count_bytes(self, session: Session, delta: int) -> None:
+        session.nbytes += delta
+        self.nbytes += delta
+
     def forget(self, session: Session, reason: str) -> None:
         """The one way out: drop the session and its index entries, tell the policy, release its
-        lease on its worker, count it (``reason``: idle, capacity, client, failed)."""
+        lease on its worker, count it (``reason``: idle, capacity, memory, client, failed)."""
         if self._sessions.get(session.id) is not session:
             return
         del self._sessions[session.id]
+        self.nbytes -= session.nbytes
         for fp in session.turns:
             if self._index.get((session.scope, fp)) == session.id:
                 del self._index[(session.scope, fp)]

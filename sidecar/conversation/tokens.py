@@ -10,6 +10,7 @@ through transformers unchanged.
 
 from __future__ import annotations
 
+import json
 from typing import Sequence
 
 try:  # transformers 5 (TokenizersBackend) and 4 (PreTrainedTokenizerFast)
@@ -21,6 +22,85 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 def _not_overridden(cls: type, name: str, base: type) -> bool:
     return getattr(cls, name, None) is getattr(base, name, None)
+
+
+class TooManyTokens(Exception):
+    """A text has more tokens than allowed; ``at_least`` is a true lower bound of its count."""
+
+    def __init__(self, at_least: int, limit: int):
+        super().__init__(f"at least {at_least} tokens, more than {limit}")
+        self.at_least = at_least
+        self.limit = limit
+
+
+COUNT_AHEAD_CHARS_PER_TOKEN = 4  # a text longer than this x its limit is counted piece by piece first
+COUNT_PIECE_CHARS = 1 << 16
+CUT_SLACK = 16  # tokens a cut between pieces may add (merges across it lost, text around it split anew)
+
+
+def _cut_after(text: str, at: int) -> int:
+    """Where to end a piece near ``at``: after a line break that a non-space follows (the
+    pre-tokenizers of BPE models split there), else after a space, else at ``at``."""
+    if at >= len(text):
+        return len(text)
+    for mark in ("\n", " "):
+        i = text.find(mark, at, at + 65536)
+        while 0 <= i < len(text) - 1 and text[i + 1].isspace():
+            i = text.find(mark, i + 1, at + 65536)
+        if i >= 0:
+            return i + 1
+    return at
+
+
+# How far each normalizer may shrink a text's UTF-8 bytes, at most (NFC composes three Hangul
+# jamo into one syllable; NFKC maps a 4-byte mathematical letter to ASCII). Others: unknown.
+_NORMALIZER_SHRINK = {"NFC": 3, "NFD": 3, "NFKC": 4, "NFKD": 4}
+_KEEPING_PRE_TOKENIZERS = {"ByteLevel", "Digits", "Metaspace", "Punctuation", "Split"}  # none drops text
+
+
+def max_chars_per_token(backend) -> int | None:
+    """The most characters of input text one token can stand for, if the pipeline lets that be
+    known: a BPE model that cannot fall back to an unknown token (byte-level, or byte fallback),
+    normalizers that shrink text by a bounded factor, pre-tokenizers that drop nothing. A text of
+    ``n`` characters then has at least ``n // max_chars_per_token`` tokens (a character is at least
+    a byte). None when any step could make one token of arbitrarily much text."""
+    config = json.loads(backend.to_str())
+    model = config.get("model") or {}
+    shrink = _shrink(config.get("normalizer"))
+    steps = list(_flatten(config.get("pre_tokenizer"), "pretokenizers"))
+    byte_level = any(step.get("type") == "ByteLevel" for step in steps)
+    if (
+        model.get("type") != "BPE"
+        or shrink is None
+        or not all(s.get("type") in _KEEPING_PRE_TOKENIZERS and s.get("behavior") != "Removed" for s in steps)
+        or not (byte_level or (model.get("byte_fallback") and not model.get("fuse_unk")))
+    ):
+        return None
+    # byte-level: each character of a vocabulary entry is one byte; otherwise its UTF-8 length bounds it
+    size = len if byte_level else (lambda token: len(token.encode()))
+    longest = max(size(token) for token in backend.get_vocab(with_added_tokens=False))
+    added = [len(t.content.encode()) for t in backend.get_added_tokens_decoder().values()]
+    return max([longest, *added]) * shrink
+
+
+def _flatten(step, key):
+    if not step:
+        return
+    if step.get("type") == "Sequence":
+        for inner in step.get(key) or ():
+            yield from _flatten(inner, key)
+    else:
+        yield step
+
+
+def _shrink(normalizer) -> int | None:
+    factor = 1
+    for step in _flatten(normalizer, "normalizers"):
+        f = _NORMALIZER_SHRINK.get(step.get("type"))
+        if f is None:
+            return None
+        factor *= f
+    return factor
 
 
 class TokenCodec:
@@ -38,6 +118,8 @@ class TokenCodec:
         self._backend = backend if plain else None
         self._fast_batch = hasattr(backend, "encode_batch_fast")  # tokenizers >= 0.21
         self._decode_exact = plain and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        self._max_chars_per_token = max_chars_per_token(backend) if backend is not None else None
+        self._plain = None  # the backend that spells control tokens as text (made when first needed)
         # Tokens the backend splits out before anything else; a cut next to one is a clean cut.
         self._added: list[str] = []
         self._boundary: tuple[str, ...] = ()
@@ -55,12 +137,82 @@ class TokenCodec:
         b = self._backend
         return b is not None and b.truncation is None and b.padding is None and not b.encode_special_tokens
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, limit: int = 0) -> list[int]:
+        """The ids of ``text``; with ``limit`` > 0, TooManyTokens instead of more ids than that
+        (checked on the character count before any work, then while counting a long text ahead,
+        then on the encoding before its ids become a Python list)."""
         if self._backend_ready():
-            if self._fast_batch:  # skips character offsets (unused here): same ids, ~20 % less time
-                return self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
-            return self._backend.encode(text, add_special_tokens=False).ids
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+            return self._encode_on(self._backend, text, limit)
+        if limit:
+            self.check_fits(len(text), limit)
+        return self._within(list(self.tokenizer.encode(text, add_special_tokens=False)), limit)
+
+    def encode_as_text(self, text: str, limit: int = 0) -> list[int]:
+        """``encode``, with control tokens in ``text`` encoded as the plain text they spell (a
+        second backend with ``encode_special_tokens``: the shared one is never toggled)."""
+        if self._backend is None:
+            if limit:
+                self.check_fits(len(text), limit)
+            ids = self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+            return self._within(list(ids), limit)
+        if self._plain is None:
+            from tokenizers import Tokenizer
+
+            plain = Tokenizer.from_str(self._backend.to_str())
+            plain.encode_special_tokens = True
+            self._plain = plain
+        return self._encode_on(self._plain, text, limit)
+
+    def _encode_on(self, backend, text: str, limit: int) -> list[int]:
+        if limit:
+            self.check_fits(len(text), limit)
+            if len(text) > COUNT_AHEAD_CHARS_PER_TOKEN * limit:
+                self._count_ahead(backend, text, limit)
+        encoding = self._encoding(backend, text)
+        if limit and len(encoding) > limit:
+            raise TooManyTokens(len(encoding), limit)
+        return encoding.ids
+
+    @staticmethod
+    def _within(ids: list[int], limit: int) -> list[int]:
+        if limit and len(ids) > limit:
+            raise TooManyTokens(len(ids), limit)
+        return ids
+
+    def _encoding(self, backend, text: str):
+        if self._fast_batch:  # skips character offsets (unused here): same ids, ~20 % less time
+            return backend.encode_batch_fast([text], add_special_tokens=False)[0]
+        return backend.encode(text, add_special_tokens=False)
+
+    def _count_ahead(self, backend, text: str, limit: int) -> None:
+        """A long text counted piece by piece, cut after line breaks: TooManyTokens as soon as the
+        pieces so far are past ``limit`` (less CUT_SLACK a cut, for the merges a cut prevents), so
+        the work is bounded by the limit, not by the text: a 50 MB prompt costs what its first
+        limit's worth of tokens cost."""
+        total = cuts = start = 0
+        while start < len(text):
+            end = _cut_after(text, start + COUNT_PIECE_CHARS)
+            total += len(self._encoding(backend, text[start:end]))
+            start = end
+            cuts += start < len(text)
+            if total - CUT_SLACK * cuts > limit:
+                raise TooManyTokens(total - CUT_SLACK * cuts, limit)
+
+    def special_tokens(self) -> list[str]:
+        """The control tokens (added tokens marked special: <|im_start|>, <|im_end|>, ...)."""
+        if self._backend is None:
+            return [t for t in self.tokenizer.all_special_tokens if t]
+        return [t.content for t in self._backend.get_added_tokens_decoder().values() if t.special and t.content]
+
+    def fewest_tokens(self, n_chars: int) -> int:
+        """A lower bound of the tokens of any text of ``n_chars`` characters (0 if unknown)."""
+        return n_chars // self._max_chars_per_token if self._max_chars_per_token else 0
+
+    def check_fits(self, n_chars: int, limit: int) -> None:
+        """TooManyTokens if a text of ``n_chars`` characters cannot have ``limit`` tokens or fewer."""
+        fewest = self.fewest_tokens(n_chars)
+        if limit and fewest > limit:
+            raise TooManyTokens(fewest, limit)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         if self._decode_exact:

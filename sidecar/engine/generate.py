@@ -67,11 +67,18 @@ def after_turn_body(session_id: str, lease: LeaseRequest) -> dict[str, Any]:
     )
 
 
-def generate_request(input_ids: IdText, session_id: str, sampling_params: dict[str, Any]) -> dict[str, Any]:
-    """The /generate body (the engine client adds ``stream``); a fresh ``rid`` names it for aborts."""
-    return {
+def generate_request(
+    input_ids: IdText, session_id: str, sampling_params: dict[str, Any], cache_salt: str | None = None
+) -> dict[str, Any]:
+    """The /generate body (the engine client adds ``stream``); a fresh ``rid`` names it for aborts.
+    ``cache_salt`` namespaces SGLang's prefix cache (``RadixKey.cache_salt``): requests of
+    different salts share no cached prefix."""
+    body = {
         "rid": f"sidecar-{uuid.uuid4().hex}",
         "input_ids": input_ids,
         "session_id": session_id,
         "sampling_params": sampling_params,
     }
+    if cache_salt is not None:
+        body["cache_salt"] = cache_salt
+    return body

@@ -1,48 +1,68 @@
-"""A request body into a front door's pydantic model, every failure one 400 in the door's words."""
+"""A request body into a front door's pydantic model, every failure one 400 in the door's words.
+
+The body arrives parsed: ``sidecar.server.body`` read it within its limits as strict JSON (no
+duplicate keys, no NaN/Infinity). Here its lists are counted (messages, tools, content parts)
+before anything is validated, and it is validated in strict mode: no coercion of strings or
+booleans into numbers (``max_tokens`` is an integer, not ``true`` or ``"5"``)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any, Callable, Iterable, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from sidecar.errors import invalid_json, invalid_request
+from sidecar.errors import invalid_request
 
 M = TypeVar("M", bound=BaseModel)
 
+# What a tool name may be: it is written into the prompt and into the forced tool-call prefix.
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
+# SGLang's ranges (SamplingParams.verify), for every door that passes these values on
+TOP_K_ALL = 1 << 30  # SGLang's "whole vocabulary"; top_k is an int32 on the GPU
+MAX_STOP_COUNT = 32  # stop strings per request
 
-def parse_body(model: type[M], raw: bytes) -> M:
-    """Parse and validate the raw body in one pass: pydantic-core's JSON parser builds the model
-    directly, without the intermediate dicts of ``json.loads``. It rejects malformed JSON, nesting
-    past its recursion limit and unpaired surrogate escapes itself; each becomes one 400 that names
-    the offending field."""
+
+def check_counts(body: Any, limits, messages: str = "messages", parts: str = "content") -> None:
+    """Messages (``body[messages]``), tools and their content parts (a message's ``body[..][parts]``
+    list) counted on the parsed JSON, before any is validated (``limits``: ServerSettings'
+    max_messages, max_tools, max_content_parts)."""
+    if not isinstance(body, dict):
+        return
+    items = body.get(messages)
+    if isinstance(items, list):
+        if len(items) > limits.max_messages:
+            raise invalid_request(f"too many {messages} ({len(items)} > {limits.max_messages})", param=messages)
+        n = sum(len(c) for m in items if isinstance(m, dict) and isinstance(c := m.get(parts), list))
+        if n > limits.max_content_parts:
+            raise invalid_request(f"too many content parts ({n} > {limits.max_content_parts})", param=messages)
+    tools = body.get("tools")
+    if isinstance(tools, list) and len(tools) > limits.max_tools:
+        raise invalid_request(f"too many tools ({len(tools)} > {limits.max_tools})", param="tools")
+
+
+def parse_body(model: type[M], body: Any) -> M:
+    """Validate the parsed body in strict mode; a failure is one 400 that names the offending field
+    (the most telling of pydantic's errors, at its place in the body as the client wrote it)."""
     try:
-        return model.model_validate_json(raw)
+        return model.model_validate(body, strict=True)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         err = errors[0]
-        if err["type"] == "json_invalid":
-            raise invalid_json(raw, err["msg"].removeprefix("Invalid JSON: ")) from None
         if err["type"] == "model_type" and not err["loc"]:
             raise invalid_request("request body must be a JSON object") from None
-        err, loc = _most_telling(errors, raw)
+        err, loc = _most_telling(errors, body)
         msg = err["msg"].removeprefix("Value error, ")
         raise invalid_request(f"{loc}: {msg}" if loc else msg, param=loc or None) from None
 
 
-def _most_telling(errors: list[dict[str, Any]], raw: bytes) -> tuple[dict[str, Any], str]:
+def _most_telling(errors: list[dict[str, Any]], body: Any) -> tuple[dict[str, Any], str]:
     """Of the errors pydantic found (one per member of a union the value failed), the one that says
     most, with its place in the body as the client wrote it. A value that is neither a string nor a
     list of blocks fails both; the list's own complaint (a block's missing field) is the one to
     show, not that it is no string. A wrong type tells least; among the rest the deepest wins."""
-    try:
-        body = json.loads(raw)
-    except ValueError:  # not JSON that the stdlib reads (pydantic-core did): the path as pydantic gives it
-        body = None
     ranked = []
     for n, err in enumerate(errors):
-        path = _body_path(body, err) if body is not None else [str(p) for p in err["loc"]]
+        path = _body_path(body, err)
         ranked.append((not err["type"].endswith("_type"), len(path), -n, err, ".".join(path)))
     _, _, _, err, loc = max(ranked, key=lambda r: r[:3])
     return err, loc

@@ -13,6 +13,7 @@ from sidecar import logs
 
 from sidecar.errors import APIError
 from sidecar.generation.tool_parsers import Event
+from sidecar.turn.client_writes import ClientStalled, write_within
 from sidecar.turn.core import Turn, TurnCore
 
 _DISCONNECTS = (ConnectionResetError, ConnectionError)
@@ -60,7 +61,9 @@ async def serve_turn(
     try:
         async with core.turn(parsed[-1]) as turn:
             if stream:
-                return await stream_reply(request, turn, frames(turn), started=parsed.clear)
+                return await stream_reply(
+                    request, turn, frames(turn), started=parsed.clear, write_timeout=core.settings.stream_write_timeout
+                )
             parsed.clear()
             return await whole(turn)
     except _StreamAlreadyAnswered as done:
@@ -68,10 +71,15 @@ async def serve_turn(
 
 
 async def stream_reply(
-    request: web.Request, turn: Turn, frames: StreamFrames, started: Callable[[], None] | None = None
+    request: web.Request,
+    turn: Turn,
+    frames: StreamFrames,
+    started: Callable[[], None] | None = None,
+    write_timeout: float = 30.0,
 ) -> web.StreamResponse:
     """Stream the turn's events as ``frames`` render them; ``started`` is called once the first
-    event was written."""
+    event was written. Every write goes through :func:`write_within`: a client that reads nothing
+    for ``write_timeout`` s is cut, and the turn (its engine request) aborted."""
     response: web.StreamResponse | None = None
     head: bytes | None = None
 
@@ -89,10 +97,8 @@ async def stream_reply(
         if first:
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await response.prepare(request)
-        if last:
-            await response.write_eof(data)  # one write: the data and the end of the chunked body
-        else:
-            await response.write(data)
+        # one write with last: the data and the end of the chunked body
+        await write_within(request, response, data, write_timeout, last)
         if first and started is not None:
             started()
 
@@ -106,6 +112,9 @@ async def stream_reply(
         logs.note_error(err.code or err.type)  # answered in-stream: the status stays 200
         await _write_quietly(response, frames.failure(err))
         raise _StreamAlreadyAnswered(response) from err
+    except ClientStalled as err:
+        logs.note_error("client_stalled")
+        raise _StreamAlreadyAnswered(response) from err  # the turn aborts its engine request
     return response
 
 

@@ -191,7 +191,10 @@ class HermesToolParser:
         opening tag ('required'), with the name written for it (a named tool_choice)."""
         if tool_name is None:
             return self.OPEN + "\n"
-        return self.OPEN + '\n{"name": "' + tool_name + '", "arguments": '
+        # JSON-escaped, and "<" ">" as \u escapes: whatever a front door let through, the name can
+        # neither close the object nor the tag
+        name = json.dumps(tool_name, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e")
+        return self.OPEN + '\n{"name": ' + name + ', "arguments": '
 
 
 class NoToolParser:

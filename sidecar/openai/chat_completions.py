@@ -51,9 +51,9 @@ def turn_request(req: ChatCompletionRequest, session_id: str | None, scope: str)
     )
 
 
-async def handle(request: web.Request, raw: bytes, core: TurnCore, scope: str) -> web.StreamResponse:
-    """POST /v1/chat/completions with its body already read."""
-    req = parse_chat_request(raw)
+async def handle(request: web.Request, body: Any, core: TurnCore, scope: str) -> web.StreamResponse:
+    """POST /v1/chat/completions with its body already read and parsed (strict JSON)."""
+    req = parse_chat_request(body, core.settings)
     if not core.serves_model(req.model):
         raise model_not_found(req.model)
     # an explicit session id: header X-Session-Id, else body session_id, else user ("" is none)

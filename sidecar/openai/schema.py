@@ -2,8 +2,10 @@
 ``sidecar.openai.shapes``.
 
 Validation is strict where a wrong value would silently change what the model sees (roles,
-content parts, n, tool_choice) and lenient for harmless client extras (unknown top-level keys are
-ignored, as OpenAI-compatible servers commonly do).
+content parts, n, tool_choice, types: ``max_tokens`` is an integer, not ``true`` or ``"5"``) and
+lenient for harmless client extras (unknown top-level keys are ignored, as OpenAI-compatible
+servers commonly do). Sampling values are held to the ranges SGLang 0.5.23 accepts
+(``SamplingParams.verify``), so none reaches the engine that it would refuse or overflow on.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sidecar.frontdoor.body import parse_body
+from sidecar.frontdoor.body import MAX_STOP_COUNT, TOOL_NAME_PATTERN, TOP_K_ALL, check_counts, parse_body
 from sidecar.frontdoor.messages import tool_call
 
 
@@ -85,9 +87,12 @@ class Message(BaseModel):
         return out
 
 
+INT64 = 2**63
+
+
 class FunctionDef(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    name: str = Field(min_length=1, max_length=256)
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
@@ -100,7 +105,7 @@ class ToolDef(BaseModel):
 
 
 class NamedToolChoiceFunction(BaseModel):
-    name: str
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
 
 
 class NamedToolChoice(BaseModel):
@@ -125,8 +130,8 @@ class ChatCompletionRequest(BaseModel):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_COUNT)] | None = None
+    seed: Annotated[int, Field(ge=-INT64, lt=INT64)] | None = None
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -137,11 +142,11 @@ class ChatCompletionRequest(BaseModel):
     session_id: str | None = None
     # SGLang sampling extras, passed through to sampling_params.
     ignore_eos: bool | None = None
-    top_k: int | None = None
+    top_k: Annotated[int, Field(ge=-1, le=TOP_K_ALL)] | None = None  # -1: the whole vocabulary
     min_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    repetition_penalty: Annotated[float, Field(gt=0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0, le=2)] | None = None
     min_tokens: Annotated[int, Field(ge=0)] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: Annotated[list[Annotated[int, Field(ge=0, lt=2**31)]], Field(max_length=1024)] | None = None
     skip_special_tokens: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -160,6 +165,13 @@ class ChatCompletionRequest(BaseModel):
         if stop is not None and any(not s for s in stop):
             raise ValueError("stop strings must not be empty")
         return stop
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, top_k):
+        if top_k == 0:
+            raise ValueError("top_k must be -1 (the whole vocabulary) or at least 1")
+        return top_k
 
     @field_validator("logprobs")
     @classmethod
@@ -187,6 +199,10 @@ class ChatCompletionRequest(BaseModel):
         return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
 
 
-def parse_chat_request(raw: bytes) -> ChatCompletionRequest:
-    """The body as a ChatCompletionRequest, or one 400 naming the first offending field."""
-    return parse_body(ChatCompletionRequest, raw)
+def parse_chat_request(body: Any, limits) -> ChatCompletionRequest:
+    """The parsed body (strict JSON from ``sidecar.server.body``) as a ChatCompletionRequest,
+    validated in strict mode (no coercion of strings or booleans into numbers) after its counts
+    (``limits``: ServerSettings' max_messages, max_tools, max_content_parts); else one 400 naming
+    the offending field."""
+    check_counts(body, limits)
+    return parse_body(ChatCompletionRequest, body)

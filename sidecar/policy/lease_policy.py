@@ -257,9 +257,9 @@ class LeasePolicy:
         return [r.session_id for r in self.sessions.records() if r.due_for_close(now, grace)]
 
     def on_session_closed(self, record: SessionRecord, reason: str = "idle") -> None:
-        """The store forgot this session (``reason``: idle, capacity, client, failed): an open gap
+        """The store forgot this session (``reason``: idle, capacity, memory, client, failed): an open gap
         is learned as censored ("not back") until the session comes back."""
-        self._forget(record, self.clock(), "table_full" if reason == "capacity" else "idle")
+        self._forget(record, self.clock(), "table_full" if reason in ("capacity", "memory") else "idle")
         self.gate.pump()
 
     # ------------------------------------------------------------------ internals

@@ -52,9 +52,9 @@ def echo(req: ResponsesRequest) -> dict[str, Any]:
     }
 
 
-async def handle(request: web.Request, raw: bytes, core: TurnCore, scope: str) -> web.StreamResponse:
-    """POST /v1/responses with its body already read."""
-    req = parse_responses_request(raw)
+async def handle(request: web.Request, body: Any, core: TurnCore, scope: str) -> web.StreamResponse:
+    """POST /v1/responses with its body already read and parsed (strict JSON)."""
+    req = parse_responses_request(body, core.settings)
     head = shapes.ResponseHead(core.model_name, echo(req))
     parsed: list[Any] = [req, turn_request(req, request.headers.get("X-Session-Id"), scope)]
     stream = req.stream

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, field_validator
 
-from sidecar.frontdoor.body import known_types, parse_body
+from sidecar.frontdoor.body import TOOL_NAME_PATTERN, check_counts, known_types, parse_body
 from sidecar.frontdoor.messages import ToolCallLedger, function_tool, tool_call, tool_message
 
 
@@ -75,7 +75,7 @@ InputItem = Annotated[
 class FunctionTool(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: Literal["function"]
-    name: str = Field(min_length=1, max_length=256)
+    name: str = Field(pattern=TOOL_NAME_PATTERN)  # written into the prompt and the forced tool-call prefix
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
@@ -83,7 +83,7 @@ class FunctionTool(BaseModel):
 
 class NamedFunction(BaseModel):
     type: Literal["function"]
-    name: str
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
 
 
 class TextFormat(BaseModel):
@@ -188,5 +188,8 @@ class ResponsesRequest(BaseModel):
         return [function_tool(t.name, t.description, t.parameters) for t in self.tools] if self.tools else None
 
 
-def parse_responses_request(raw: bytes) -> ResponsesRequest:
-    return parse_body(ResponsesRequest, raw)
+def parse_responses_request(body: Any, limits) -> ResponsesRequest:
+    """The parsed body (strict JSON), its counts checked (input items as messages; ``limits``:
+    ServerSettings), validated strictly."""
+    check_counts(body, limits, messages="input")
+    return parse_body(ResponsesRequest, body)

@@ -88,11 +88,15 @@ def create_app(settings: SidecarSettings, tokenizer=None) -> web.Application:
         raise StartupError(str(exc)) from None
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
+        # sidecar.server.body decodes bodies in bounded steps; a body left unread (refused, too
+        # slow) is drained for at most 1 s before its connection closes (aiohttp's default: 10 s)
+        handler_args={"auto_decompress": False, "lingering_time": 1.0},
         middlewares=[metrics_middleware, error_middleware, auth_middleware(key_store, settings.server)],
     )
     app[keys.SETTINGS] = settings
     app[keys.METRICS] = metrics = SidecarMetrics()
     app[keys.ENGINE_HEALTH] = EngineHealth(metrics, settings.server.sglang_url)
+    app[keys.BULK_BODIES] = asyncio.Semaphore(1)
     app.cleanup_ctx.append(_engine_context(tokenizer))
     app.cleanup_ctx.extend(background_contexts())
     app.router.add_post("/v1/chat/completions", routes.chat_completions)
@@ -139,6 +143,7 @@ def _engine_context(preloaded_tokenizer):
             await http.close()
             raise
         yield
+        app[keys.TURNS].offload.close()
         await http.close()
 
     return context
@@ -156,6 +161,7 @@ def configure(app: web.Application, engine: EngineClient, tokenizer, info: dict[
         raise StartupError(str(exc)) from None
     metrics.sessions.set_function(lambda: len(core.sessions))
     metrics.count_session_states(lambda: Counter(s.state(time.monotonic()) for s in core.sessions.all()))
+    metrics.session_bytes.set_function(lambda: core.sessions.nbytes)
     app[keys.WORKERS] = workers
     app[keys.RENDERER] = core.renderer
     app[keys.POLICY] = core.policy

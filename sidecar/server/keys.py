@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
 from sidecar.conversation.chat_template import ChatRenderer
@@ -21,3 +23,4 @@ POLICY = web.AppKey("policy", SessionPolicy)
 SESSIONS = web.AppKey("sessions", SessionStore)
 TURNS = web.AppKey("turns", TurnCore)
 ENGINE_HEALTH = web.AppKey("engine_health", EngineHealth)
+BULK_BODIES = web.AppKey("bulk_bodies", asyncio.Semaphore)  # large bodies' loop work, one step at a time

@@ -37,7 +37,10 @@ async def error_middleware(request: web.Request, handler):
     envelope = error_envelope(request.path)
 
     def error_response(err: APIError) -> web.Response:
-        return web.json_response(envelope(err), status=err.status, headers=err.headers)
+        response = web.json_response(envelope(err), status=err.status, headers=err.headers)
+        if err.headers.get("Connection") == "close":
+            response.force_close()  # e.g. a body that came too slowly: the rest is not waited for
+        return response
 
     try:
         return await handler(request)

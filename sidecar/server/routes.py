@@ -8,54 +8,41 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic_core import from_json
 
 from sidecar.conversation.store import scoped_id
 from sidecar.anthropic import messages as anthropic_messages
-from sidecar.errors import APIError, body_too_large, invalid_json
+from sidecar.errors import APIError
 from sidecar.openai import chat_completions as openai_chat
 from sidecar.responses import responses as openai_responses
 from sidecar.server import keys
+from sidecar.server.body import BodyLimits, read_json_body
 from sidecar.server.auth import request_scope
 
 
-async def read_body(request: web.Request) -> bytes:
-    """The raw body, within the configured size (413 beyond it)."""
-    if request.content_length is not None and request.content_length > request.app[keys.SETTINGS].server.max_body_bytes:
-        raise body_too_large()
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise body_too_large() from None
-
-
-async def read_json_body(request: web.Request) -> Any:
-    """The body decoded as JSON (any JSON value); 400 for malformed JSON or unpaired surrogates."""
-    raw = await read_body(request)
-    try:
-        return from_json(raw)
-    except ValueError as exc:
-        raise invalid_json(raw, str(exc)) from None
+async def read_json(request: web.Request) -> Any:
+    """The body as strict JSON within the configured limits (``sidecar.server.body``)."""
+    app = request.app
+    return await read_json_body(request, BodyLimits.of(app[keys.SETTINGS].server, app[keys.BULK_BODIES]))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    raw = await read_body(request)
-    return await openai_chat.handle(request, raw, request.app[keys.TURNS], request_scope(request) or "")
+    body = await read_json(request)
+    return await openai_chat.handle(request, body, request.app[keys.TURNS], request_scope(request) or "")
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
-    raw = await read_body(request)
-    return await anthropic_messages.handle(request, raw, request.app[keys.TURNS], request_scope(request) or "")
+    body = await read_json(request)
+    return await anthropic_messages.handle(request, body, request.app[keys.TURNS], request_scope(request) or "")
 
 
 async def count_tokens(request: web.Request) -> web.Response:
-    raw = await read_body(request)
-    return await anthropic_messages.count_tokens(request, raw, request.app[keys.TURNS], request_scope(request) or "")
+    body = await read_json(request)
+    return await anthropic_messages.count_tokens(request, body, request.app[keys.TURNS], request_scope(request) or "")
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
-    raw = await read_body(request)
-    return await openai_responses.handle(request, raw, request.app[keys.TURNS], request_scope(request) or "")
+    body = await read_json(request)
+    return await openai_responses.handle(request, body, request.app[keys.TURNS], request_scope(request) or "")
 
 
 async def models(request: web.Request) -> web.Response:
@@ -94,7 +81,7 @@ async def sessions(request: web.Request) -> web.Response:
 async def close_session(request: web.Request) -> web.Response:
     sid = request.match_info.get("session_id")
     if sid is None:
-        body = await read_json_body(request) if request.can_read_body else {}
+        body = await read_json(request) if request.can_read_body else {}
         sid = body.get("session_id") if isinstance(body, dict) else None
         if not isinstance(sid, str):
             raise APIError(400, "session_id is required", param="session_id")

@@ -13,8 +13,9 @@ from typing import AsyncIterator
 
 from sidecar import logs
 from sidecar.conversation.chat_template import ChatRenderer
-from sidecar.conversation.fingerprint import extend_fingerprint, reply_message
+from sidecar.conversation.fingerprint import extend_fingerprint, fingerprints, reply_message
 from sidecar.conversation.store import Resolution, Session, SessionStore, TurnState, check_session_id
+from sidecar.conversation.tokens import TooManyTokens
 from sidecar.engine.generate import generate_request, sampling_params
 from sidecar.engine.lease import LeaseRequest
 from sidecar.engine.capacity import EngineCapacity
@@ -26,7 +27,9 @@ from sidecar.id_text import IdText
 from sidecar.metrics import SidecarMetrics
 from sidecar.policy import AdmissionRejected, SessionPolicy, TurnEnd, build_policy
 from sidecar.settings import ServerSettings, SidecarSettings
+from sidecar.turn.offload import OFFLOAD_CHARS, Offload
 from sidecar.turn.request import TurnRequest
+from sidecar.turn.tenants import QueueShares, RateLimits
 
 log = logging.getLogger("sidecar")
 
@@ -43,6 +46,7 @@ class TurnCore:
         workers: Workers,
         metrics: SidecarMetrics,
         model_name: str,
+        queue_shares: QueueShares,
     ):
         self.settings = settings
         self.renderer = renderer
@@ -51,6 +55,10 @@ class TurnCore:
         self.workers = workers
         self.metrics = metrics
         self.model_name = model_name  # what the doors call the model
+        self.offload = Offload(settings.tokenize_timeout)  # large prompts are prepared there
+        self.shared_prefix = _read_shared_prefix(settings.shared_prefix_file)
+        self.queue_shares = queue_shares  # each key's part of the admission queue
+        self.rate_limits = RateLimits(settings.key_rate_limit, settings.key_rate_burst)
         self._model_fixed = settings.model_name is not None  # --model-name wins over SGLang's
         self._refreshing: asyncio.Task | None = None
         self._info_errors: dict[Worker, APIError] = {}  # why a worker's last /server_info failed
@@ -66,14 +74,27 @@ class TurnCore:
 
     def check(self, request: TurnRequest) -> None:
         """What any request must pass before its history is rendered (400 otherwise)."""
-        if len(request.messages) > self.settings.max_messages:
-            raise invalid_request(f"too many messages ({len(request.messages)} > {self.settings.max_messages})", param="messages")
+        settings = self.settings
+        if len(request.messages) > settings.max_messages:
+            raise invalid_request(f"too many messages ({len(request.messages)} > {settings.max_messages})", param="messages")
+        if request.tools and len(request.tools) > settings.max_tools:
+            raise invalid_request(f"too many tools ({len(request.tools)} > {settings.max_tools})", param="tools")
+        vocab = self.renderer.vocab_size
+        if any(not 0 <= t < vocab for t in request.sampling.stop_token_ids or ()):
+            raise invalid_request(f"stop_token_ids must be token ids in [0, {vocab})", param="stop_token_ids")
         self.renderer.check_template_kwargs(request.template_kwargs)
 
-    def count_tokens(self, request: TurnRequest) -> int:
-        """The request's prompt in tokens, rendered whole (what a new session would send)."""
+    async def count_tokens(self, request: TurnRequest) -> int:
+        """The request's prompt in tokens, rendered whole (what a new session would send): the
+        key's request rate and the checks of a turn hold, and a large prompt is rendered and
+        tokenized on the worker thread (503 tokenizer_busy past its deadline), as a turn's is."""
+        self.rate_limits.take(request.scope)
         self.check(request)
-        return len(self.renderer.render_full(request.messages, request.tools, request.template_kwargs))
+        render = self.renderer.render_full
+        args = (request.messages, request.tools, request.template_kwargs)
+        if _text_chars(request) >= OFFLOAD_CHARS:
+            return len(await self.offload.run(render, *args))
+        return len(render(*args))
 
     # ---------------------------------------------------------------- engine info
     async def refresh_engine_info(self) -> None:
@@ -145,8 +166,10 @@ def build_core(settings: SidecarSettings, tokenizer, workers: Workers, metrics: 
     renderer = ChatRenderer(tokenizer)
     (worker,) = workers
     policy = build_policy(settings, worker.capacity, registry=metrics.registry)
-    sessions = SessionStore(policy, settings.server.max_sessions, metrics)
-    return TurnCore(settings.server, renderer, sessions, policy, workers, metrics, model_name)
+    sessions = SessionStore(policy, settings.server.max_sessions, metrics, settings.server.max_session_bytes)
+    a = settings.admission
+    shares = QueueShares(settings.server.key_queue_share, a.max_queue, a.retry_after)
+    return TurnCore(settings.server, renderer, sessions, policy, workers, metrics, model_name, shares)
 
 
 class Turn:
@@ -168,6 +191,7 @@ class Turn:
         self._n_messages = 0
         self._admitted = False
         self._lease: LeaseRequest | None = None  # the lease the request asked for
+        self._cached_view: tuple[int, int] | None = None  # shared cache namespace: (own, shared block)
 
     @property
     def session(self) -> Session:
@@ -175,7 +199,10 @@ class Turn:
 
     @property
     def result(self) -> GenerationResult:
-        return self.generation.result
+        result = self.generation.result
+        if self._cached_view is not None:
+            result.cached_tokens = _visible_cached(result.cached_tokens, *self._cached_view)
+        return result
 
     def events(self) -> AsyncIterator[Event]:
         """The reply's content and tool-call events as the engine streams them."""
@@ -184,36 +211,45 @@ class Turn:
     async def __aenter__(self) -> Turn:
         req, self._request = self._request, None
         core = self.core
+        core.rate_limits.take(req.scope)
         core.check(req)
         explicit = check_session_id(req.session_id) if req.session_id is not None else None
-        res = self.resolution = core.sessions.resolve(req.messages, explicit, req.scope)
+        # megabytes of text are hashed, rendered and tokenized off the event loop (sidecar.turn.offload)
+        large = _text_chars(req) >= OFFLOAD_CHARS
+        prints = await core.offload.run(fingerprints, req.messages) if large else None
+        res = self.resolution = core.sessions.resolve(req.messages, explicit, req.scope, prints)
         logs.bind_session(res.session.public_id)
         self._n_messages = len(req.messages)
         session = res.session
         session.inflight += 1
         try:
-            await self._prepare(req, res, session)
+            await self._prepare(req, res, session, large)
         except BaseException:
             self._release()
             raise
         return self
 
-    async def _prepare(self, req: TurnRequest, res: Resolution, session: Session) -> None:
+    async def _prepare(self, req: TurnRequest, res: Resolution, session: Session, large: bool) -> None:
         core, renderer = self.core, self.core.renderer
-        ids = self._prompt_ids(req, res)
         parser_name = "none" if (req.tool_choice == "none" or not req.tools) else core.settings.tool_parser
         parser = get_tool_parser(parser_name)
         forced = parser.forced_prefix(req.forced_tool) if req.tool_choice == "required" else None
-        if forced is not None:
-            ids += renderer.encode(forced)
         worker = session.worker or core.workers.place(session.id)
         await core.require_engine_info(worker)
         limit = core.settings.max_prompt_tokens or worker.capacity.max_req_input_len
+        try:
+            if large:
+                ids = await core.offload.run(self._prompt_ids, req, res, forced, limit)
+            else:
+                ids = self._prompt_ids(req, res, forced, limit)
+        except TooManyTokens as exc:
+            raise _too_long(f"at least {exc.at_least}", limit) from None
         if limit and len(ids) > limit:
-            raise invalid_request(
-                f"prompt is {len(ids)} tokens, more than the limit of {limit}", param="messages", code="context_length_exceeded"
-            )
+            raise _too_long(str(len(ids)), limit)
         core.metrics.turns.labels(kind="continued" if res.base else ("new" if res.is_new_session else "branch")).inc()
+        shares = core.queue_shares if res.is_new_session else None
+        if shares is not None:
+            shares.enter(req.scope)  # a key's new sessions hold at most its share of the queue
         try:
             await core.policy.admit(session.id, len(ids), res.is_new_session)
         except AdmissionRejected as exc:
@@ -224,24 +260,53 @@ class Turn:
                 code="admission_queue_full",
                 headers={"Retry-After": str(max(1, round(exc.retry_after_s)))},
             ) from None
+        finally:
+            if shares is not None:
+                shares.leave(req.scope)
         self._admitted = True
         session.worker = worker  # its requests go there from now on
         now = time.monotonic()
         core.policy.on_request(session.id, len(ids), now)
         lease = self._lease = core.policy.lease_request(session.id, len(ids), now)
         params = sampling_params(req.sampling, core.settings.default_max_tokens, renderer.eos_ids, lease)
+        salt = self._cache_salt(req, res)
         self.generation = Generation(
-            worker.client, generate_request(ids, session.id, params), renderer.codec, parser, req.stop, forced,
+            worker.client, generate_request(ids, session.id, params, salt), renderer.codec, parser, req.stop, forced,
             on_tokens=core.metrics.observe_tokens,
         )
 
-    def _prompt_ids(self, req: TurnRequest, res: Resolution) -> IdText:
-        """The engine's ids of the previous turn + only the new messages, or the whole history."""
+    def _cache_salt(self, req: TurnRequest, res: Resolution) -> str | None:
+        """The SGLang cache namespace of this request: with auth on and cache isolation, its key's
+        scope, or the one shared namespace when it starts with the declared shared system prompt
+        (then cached_tokens show only what the key's own history or that whole block explain)."""
+        core = self.core
+        if not req.scope or not core.settings.cache_isolation:
+            return None
+        first = req.messages[0] if req.messages else {}
+        if core.shared_prefix is None or first.get("role") != "system" or first.get("content") != core.shared_prefix:
+            return req.scope
+        own = len(res.base.token_ids) if res.base is not None else 0
+        block = core.renderer.system_block_ids(req.messages, req.tools, req.template_kwargs) if not own else None
+        self._cached_view = (own, len(block) if block else 0)
+        return SHARED_CACHE_SALT
+
+    def _prompt_ids(self, req: TurnRequest, res: Resolution, forced: str | None, limit: int) -> IdText:
+        """The engine's ids of the previous turn + only the new messages, or the whole history,
+        then the forced tool-call prefix; TooManyTokens past ``limit`` (0: none), known before
+        tokenizing where the text's length alone tells (``TokenCodec.check_fits``)."""
         renderer = self.core.renderer
         if res.base is not None:
             new = req.messages[res.new_messages_from :]
-            return res.base.token_ids + renderer.render_suffix(new, res.base.end_id, req.tools, req.template_kwargs)
-        return IdText(renderer.render_full(req.messages, req.tools, req.template_kwargs))
+            room = max(limit - len(res.base.token_ids), 1) if limit else 0
+            try:
+                ids = res.base.token_ids + renderer.render_suffix(new, res.base.end_id, req.tools, req.template_kwargs, room)
+            except TooManyTokens as exc:
+                raise TooManyTokens(exc.at_least + len(res.base.token_ids), limit) from None
+        else:
+            ids = IdText(renderer.render_full(req.messages, req.tools, req.template_kwargs, limit))
+        if forced is not None:
+            ids += renderer.encode(forced)
+        return ids
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
         try:
@@ -257,7 +322,7 @@ class Turn:
     def _record(self) -> None:
         """The finished turn becomes what the next request continues from; the gap starts."""
         core, res, gen = self.core, self.resolution, self.generation
-        result = gen.result
+        result = self.result
         reply = reply_message(result.content, [(c.name, c.arguments) for c in result.tool_calls])
         ids = gen.payload["input_ids"] + result.output_ids
         parent = res.base.fingerprint if res.base is not None else None
@@ -300,3 +365,37 @@ def worth_revising(sent: LeaseRequest | None, revised: LeaseRequest) -> bool:
         return abs(a - b) > REVISE_IF_CHANGED_BY * max(abs(a), 1e-3)
 
     return moved(sent.ttl_s, revised.ttl_s) or moved(sent.expected_back_s, revised.expected_back_s)
+
+
+SHARED_CACHE_SALT = "shared"  # never a scope (those are 16 hex digits)
+
+
+def _visible_cached(cached: int, own: int, block: int) -> int:
+    """cached_tokens as a key may see them in the shared namespace: its own history, and the
+    shared system block only when all of it was cached. A partial match of the block (or of
+    anything past it) could be another key's text, read out a token at a time."""
+    if block and cached >= block:
+        return min(cached, max(own, block))
+    return min(cached, own)
+
+
+def _read_shared_prefix(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read shared_prefix_file {path}: {exc}") from None
+    return text[:-1] if text.endswith("\n") else text
+
+
+def _text_chars(req: TurnRequest) -> int:
+    """The characters of text a request carries (what rendering and tokenizing cost grows with)."""
+    return sum(len(m.get("content") or "") + len(m.get("reasoning_content") or "") for m in req.messages)
+
+
+def _too_long(count: str, limit: int) -> APIError:
+    return invalid_request(
+        f"prompt is {count} tokens, more than the limit of {limit}", param="messages", code="context_length_exceeded"
+    )

@@ -28,7 +28,7 @@ def _any(stack: Stack, names: set[str] = frozenset(), files: set[str] = frozense
 GROUPS: list[tuple[str, Callable[[Stack], bool]]] = [
     ("tokenizer encode (new messages)", lambda s: _any(s, {"TokenCodec.encode"})),
     ("chat template render (Jinja)", lambda s: _any(s, {"ChatRenderer._render", "ChatRenderer._head"})),
-    ("body parse + validation (pydantic)", lambda s: _any(s, {"parse_chat_request", "read_body", "BaseModel.model_validate_json"})),
+    ("body read, parse + validation", lambda s: _any(s, {"parse_chat_request", "BaseModel.model_validate"}, files={"body.py"})),
     ("session lookup + fingerprints",
      lambda s: _any(s, {"SessionStore.resolve", "SessionRegistry.resolve", "fingerprints", "extend_fingerprint", "Message.to_template"})),
     ("policy (gap learning, lease, admission, session lifecycle)",

@@ -72,13 +72,20 @@ def measure(tokenizer_dir: str, number: int, repeat: int) -> dict[str, Any]:
     from sidecar.errors import LONE_SURROGATE
     from sidecar.id_text import IdText
     from sidecar.openai.schema import ChatCompletionRequest, parse_chat_request
+    from sidecar.server.body import parse_strict_json
+    from sidecar.settings import ServerSettings
     from sidecar.openai.shapes import ChunkFrames
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     renderer = ChatRenderer(tok)
     shape = _turn_shape(tokenizer_dir)
     raw = shape["raw"]
-    req = parse_chat_request(raw)
+    limits = ServerSettings()
+
+    def parse(body: bytes):  # what the chat route does: the shared reader's strict JSON, then the schema
+        return parse_chat_request(parse_strict_json(body), limits)
+
+    req = parse(raw)
     messages = [m.to_template() for m in req.messages]
     tools = req.template_tools()
     out: dict[str, Any] = {"body_bytes": len(raw), "messages": len(messages)}
@@ -87,9 +94,10 @@ def measure(tokenizer_dir: str, number: int, repeat: int) -> dict[str, Any]:
         out[name] = round(_time(fn, n, repeat) * 1e6, 2)  # microseconds
         return out[name]
 
-    # body: what the chat route does vs json.loads + validating the dicts (what it did)
-    assert ChatCompletionRequest.model_validate(json.loads(raw)) == req
-    piece("body_parse_validate_one_pass_us", lambda: parse_chat_request(raw))
+    # body: what the chat route does (strict: duplicate keys refused, strict types) vs one lax pass
+    assert ChatCompletionRequest.model_validate_json(raw) == req
+    piece("body_strict_parse_validate_us", lambda: parse(raw))
+    piece("body_parse_validate_one_pass_us", lambda: ChatCompletionRequest.model_validate_json(raw))
     piece("body_json_loads_then_validate_us", lambda: ChatCompletionRequest.model_validate(json.loads(raw)))
     piece("template_dicts_us", lambda: [m.to_template() for m in req.messages])
     piece("fingerprints_whole_history_us", lambda: fingerprints(messages))

@@ -359,7 +359,7 @@ def test_fuzzed_conversations_never_mix_continuation_and_rerender(stack, canary,
         return
     sent = stack.double.requests[-1]["input_ids"]
     continued = sent[: len(held)] == held
-    req = parse_chat_request(json.dumps(second).encode())
+    req = parse_chat_request(json.loads(json.dumps(second)), stack.app[keys.SETTINGS].server)
     turn = turn_request(req, None, "")
     full = stack.app[keys.RENDERER].render_full(turn.messages, turn.tools, turn.template_kwargs)
     if turn.tool_choice == "required":

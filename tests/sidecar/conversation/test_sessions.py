@@ -162,3 +162,38 @@ def test_fingerprint_tells_apart_what_the_model_saw_and_ignores_what_it_did_not(
     ]
     assert extend_fingerprint(base, same[0]) == extend_fingerprint(base, same[1])
     assert extend_fingerprint(base, differ[4]) != extend_fingerprint(fingerprints([USER])[-1], differ[4])  # chained
+
+
+def test_the_store_is_bounded_in_bytes_least_recently_used_first():
+    from sidecar.id_text import IdText
+
+    policy = build_policy(SidecarSettings(), EngineCapacity(0))
+    metrics = SidecarMetrics()
+    store = SessionStore(policy, 10_000, metrics, max_bytes=60_000)
+    sessions = []
+    for k in range(5):  # each ~20 KB of ids
+        res = store.resolve([SYSTEM, {"role": "user", "content": f"task {k}"}], None)
+        store.record_turn(res.session, TurnState(res.fingerprint + bytes([k]), 3, IdText(range(100_000, 104_000)), 1))
+        sessions.append(res.session)
+        assert store.nbytes <= 60_000
+    kept = {s.id for s in store.all()}
+    assert kept == {s.id for s in sessions[-2:]}  # the oldest went first
+    assert store.nbytes == sum(s.nbytes for s in store.all()) > 0
+    assert metrics.sessions_closed.labels(reason="memory")._value.get() == 3
+    store.forget(sessions[-1], "client")
+    assert store.nbytes == sessions[-2].nbytes
+    # one session alone past the bound keeps only its newest turn
+    solo = SessionStore(policy, 10_000, None, max_bytes=30_000)
+    res = solo.resolve([SYSTEM, USER], None)
+    for k in range(3):
+        solo.record_turn(res.session, TurnState(bytes([k]) * 16, 3, IdText(range(100_000, 104_000)), 1))
+    assert len(res.session.turns) == 1 and solo.nbytes <= 30_000
+
+
+async def test_session_bytes_are_on_metrics(make_sidecar):
+    client = await make_sidecar()
+    resp = await client.post("/v1/chat/completions", json={"messages": [USER], "max_tokens": 3})
+    assert resp.status == 200
+    text = await (await client.get("/metrics")).text()
+    line = next(l for l in text.splitlines() if l.startswith("sidecar_session_bytes "))
+    assert float(line.split()[1]) > 0

@@ -33,11 +33,12 @@ async def make_sidecar(aiohttp_client, sglang_double, qwen3_tokenizer_dir, qwen3
     keys_file = tmp_path / "keys.txt"
     keys_file.write_text(f"# agents\n{KEY_A}\n\n{KEY_B}\n")
 
-    async def make(double=None, **server):
+    async def make(double=None, admission=None, **server):
         server.setdefault("api_keys_file", str(keys_file))
         double = double or sglang_double
         settings = load_settings(
-            overrides={"server": {"sglang_url": double.url, "tokenizer": str(qwen3_tokenizer_dir), **server}}
+            overrides={"server": {"sglang_url": double.url, "tokenizer": str(qwen3_tokenizer_dir), **server},
+                       "admission": admission or {}}
         )
         return await aiohttp_client(create_app(settings, tokenizer=qwen3_tokenizer))
 
@@ -286,3 +287,104 @@ async def test_missing_sglang_key_is_a_clear_502(make_sidecar, guarded_double):
     status, body = await _chat(client, HELLO, {})
     assert status == 502 and "--sglang-api-key" in body["error"]["message"]
     assert seen_auth(guarded_double) and all(header is None for _, header in seen_auth(guarded_double))
+
+
+# --------------------------------------------------------------------------- the prefix cache across keys
+
+SECRET = "You are the vault agent. The vault code is 4 8 1 5 9 2."
+
+
+def _guess(prefix: str) -> dict:
+    return {"messages": [{"role": "system", "content": "You are a helpful agent."}, {"role": "user", "content": prefix}],
+            "max_tokens": 1}
+
+
+async def _read_next_digit(client, known: str) -> dict[str, int]:
+    """The oracle attack: key B warms its own path up to the unknown digit, then tries each digit
+    and reads usage.cached_tokens; a digit another key's prompt continues with matches one more
+    token of the cache. (The warm-up digit, 0, is left out: B's own prompt is all cached.)"""
+    await _chat(client, _guess(known + "0"), B)
+    cached = {}
+    for digit in "123456789":
+        status, body = await _chat(client, _guess(known + digit), B)
+        assert status == 200, body
+        cached[digit] = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+    return cached
+
+
+async def test_no_key_can_read_another_keys_prompt_from_cached_tokens(make_sidecar, sglang_double):
+    client = await make_sidecar()
+    status, _ = await _chat(client, _guess(SECRET), A)
+    assert status == 200
+    cached = await _read_next_digit(client, "You are the vault agent. The vault code is 4 8 1 ")
+    assert len(set(cached.values())) == 1, cached  # every guess looks alike: "5" stands out in none
+    salts = {r.get("cache_salt") for r in sglang_double.requests}
+    assert salts == {auth.scope_of_key(KEY_A), auth.scope_of_key(KEY_B)}
+
+
+async def test_without_isolation_the_oracle_is_open(make_sidecar):
+    """What isolation closes (and what --no-cache-isolation re-opens)."""
+    client = await make_sidecar(cache_isolation=False)
+    await _chat(client, _guess(SECRET), A)
+    cached = await _read_next_digit(client, "You are the vault agent. The vault code is 4 8 1 ")
+    assert max(cached, key=cached.get) == "5" and sorted(cached.values())[-2] < cached["5"]
+
+
+async def test_a_declared_shared_prefix_is_shared_and_shows_nothing_more(make_sidecar, sglang_double, tmp_path):
+    framework = "You are a coding agent of the Example framework. Use the tools."
+    prefix_file = tmp_path / "system.txt"
+    prefix_file.write_text(framework + "\n")
+    client = await make_sidecar(shared_prefix_file=str(prefix_file))
+    system = {"role": "system", "content": framework}
+    status, _ = await _chat(client, {"messages": [system, {"role": "user", "content": SECRET}], "max_tokens": 1}, A)
+    assert status == 200
+    # B's new session starts with the same system prompt: its KV is A's (one shared namespace),
+    # and B sees exactly the system block as cached
+    status, body = await _chat(client, {"messages": [system, {"role": "user", "content": "hello"}], "max_tokens": 1}, B)
+    block = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert status == 200 and block > 10
+    assert {r["cache_salt"] for r in sglang_double.requests} == {"shared"}
+    # guessing A's private text: the engine matches more, B is shown no more than the block
+    engine_cached = []
+    sglang_double_results = sglang_double.results
+    for guess in (SECRET[:30], SECRET[:40]):
+        status, body = await _chat(client, {"messages": [system, {"role": "user", "content": guess}], "max_tokens": 1}, B)
+        assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == block
+        engine_cached.append(sglang_double_results[-1]["meta_info"]["cached_tokens"])
+    assert engine_cached[0] > block
+    # a request with another system prompt stays in its key's own namespace
+    await _chat(client, _guess("hi"), B)
+    assert sglang_double.requests[-1]["cache_salt"] == auth.scope_of_key(KEY_B)
+
+
+# --------------------------------------------------------------------------- fairness across keys
+
+
+async def test_one_key_cannot_fill_the_admission_queue(make_sglang_double, make_sidecar):
+    """Key B opens many sessions while the engine is full: past its share of the queue B gets 429
+    at once, and key A's new session still queues (and is admitted when room comes)."""
+    double = await make_sglang_double(max_total_num_tokens=400, context_length=300)
+    client = await make_sidecar(double=double, key_queue_share=0.5, admission={"enabled": True, "max_queue": 8})
+    double.token_delay = 0.05
+    # a resident session that fills the pool's budget: every new one must wait
+    first = asyncio.ensure_future(_chat(client, {"messages": [{"role": "user", "content": "x " * 120}], "max_tokens": 60}, A))
+    await double.wait_for_running()
+    b_waiting = [asyncio.ensure_future(_chat(client, {"messages": [{"role": "user", "content": f"b{i} " * 40}], "max_tokens": 2}, B))
+                 for i in range(4)]
+    await asyncio.sleep(0.2)
+    status, err = await _chat(client, {"messages": [{"role": "user", "content": "b-more " * 40}], "max_tokens": 2}, B)
+    assert status == 429 and err["error"]["code"] == "key_queue_share_exceeded", err
+    a_new = asyncio.ensure_future(_chat(client, {"messages": [{"role": "user", "content": "a-new " * 40}], "max_tokens": 2}, A))
+    await asyncio.sleep(0.2)
+    assert not a_new.done()  # queued, not refused
+    results = await asyncio.gather(first, a_new, *b_waiting)
+    assert [status for status, _ in results] == [200] * 6
+
+
+async def test_per_key_rate_limit(make_sidecar, sglang_double):
+    client = await make_sidecar(key_rate_limit=1.0, key_rate_burst=2)
+    assert [(await _chat(client, HELLO, A))[0] for _ in range(2)] == [200, 200]
+    resp = await client.post("/v1/chat/completions", json=HELLO, headers=A)
+    assert resp.status == 429 and int(resp.headers["Retry-After"]) >= 1
+    assert (await resp.json())["error"]["code"] == "rate_limit_exceeded"
+    assert (await _chat(client, HELLO, B))[0] == 200  # another key is not slowed down

@@ -7,32 +7,32 @@ runs against a sidecar in front of the stand-in, which notes every chat body it 
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from aiohttp import web
 
+from sidecar.server import routes
 from sidecar.server.app import create_app
 from sidecar.settings import load_settings
 
 
 @pytest.fixture
-def make_sidecar_front(aiohttp_server, qwen3_tokenizer_dir, qwen3_tokenizer):
+def make_sidecar_front(aiohttp_server, qwen3_tokenizer_dir, qwen3_tokenizer, monkeypatch):
     """``await make_sidecar_front(engine)`` -> (base URL of a sidecar in front of ``engine``,
     the chat bodies it received, each with its request headers under ``"headers"``)."""
 
     async def start(engine):
         received: list[dict] = []
+        read_json = routes.read_json
 
-        @web.middleware
-        async def note_body(request, handler):
-            if request.path == "/v1/chat/completions":
-                received.append({**json.loads(await request.read()), "headers": dict(request.headers)})
-            return await handler(request)
+        async def note_body(request):
+            """The body as the route's own reader read it (the stream is read once, by that reader)."""
+            body = await read_json(request)
+            if request.path == "/v1/chat/completions" and isinstance(body, dict):
+                received.append({**body, "headers": dict(request.headers)})
+            return body
 
+        monkeypatch.setattr(routes, "read_json", note_body)
         settings = load_settings(overrides={"server": {"sglang_url": engine.url, "tokenizer": str(qwen3_tokenizer_dir)}})
         app = create_app(settings, tokenizer=qwen3_tokenizer)
-        app.middlewares.append(note_body)
         server = await aiohttp_server(app)
         return str(server.make_url("")).rstrip("/"), received
 

@@ -1,0 +1,222 @@
+"""The one reader of request bodies: every POST route (each front door, /close_session) reads its
+body here, so every limit holds before any work is done on what a client sent.
+
+In order: the media type must be JSON (415: a web page cannot send a "simple" cross-site request
+with it, so no page can drive a local sidecar without a CORS preflight); the content coding must
+be identity, gzip or deflate (415), decoded in bounded steps so a small upload cannot expand past
+the size limit (413) nor hold the event loop, and corrupt data is a 400; the body must arrive
+within ``body_timeout`` and at ``body_min_rate`` on average (408, and the connection is closed);
+and its JSON must be strict (no duplicate keys, no NaN/Infinity) and hold at most
+``max_json_values`` values, counted before it is parsed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import jiter
+from aiohttp import web
+
+from sidecar.errors import APIError, body_too_large, invalid_json, invalid_request
+
+MIN_RATE_GRACE_S = 5.0  # a body's average rate is held to body_min_rate from this second on
+DECODE_STEP_BYTES = 256 * 1024  # decoded output per step; the loop runs other work between steps
+LARGE_BODY_BYTES = 256 * 1024  # a body past this (or of unknown or encoded size) takes its turn at the bulk gate
+_SCAN_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class BodyLimits:
+    max_bytes: int  # on the wire and decoded
+    timeout_s: float
+    min_rate: float  # bytes/s, averaged, from MIN_RATE_GRACE_S on (0: off)
+    max_json_values: int
+    # one large body's step (a piece counted or decoded, the parse) at a time on the event loop:
+    # fifty megabyte uploads then queue behind each other, not in front of every agent's request
+    bulk: asyncio.Semaphore | None = None
+
+    @classmethod
+    def of(cls, server_settings, bulk: asyncio.Semaphore | None = None) -> BodyLimits:
+        s = server_settings
+        return cls(s.max_body_bytes, s.body_timeout, float(s.body_min_rate), s.max_json_values, bulk)
+
+
+def unsupported_media_type(message: str) -> APIError:
+    return APIError(415, message, code="unsupported_media_type")
+
+
+def body_timeout(message: str) -> APIError:
+    return APIError(408, message, code="request_timeout", headers={"Connection": "close"})
+
+
+def check_json_media_type(request: web.Request) -> None:
+    """415 unless the body is declared JSON (``application/json`` or a ``+json`` type)."""
+    kind = request.content_type
+    if kind != "application/json" and not kind.endswith("+json"):
+        raise unsupported_media_type(f"Content-Type must be application/json, not {request.headers.get('Content-Type', 'none')!r}")
+
+
+class _Decoder:
+    """The body's content coding undone in steps of at most DECODE_STEP_BYTES output each."""
+
+    def __init__(self, coding: str):
+        coding = coding.strip().lower()
+        if coding in ("", "identity"):
+            self._z = None
+        elif coding in ("gzip", "x-gzip"):
+            self._z = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif coding == "deflate":
+            self._z = zlib.decompressobj(zlib.MAX_WBITS + 32)  # zlib or gzip wrapper, detected
+        else:
+            raise unsupported_media_type(f"Content-Encoding {coding!r} is not supported (identity, gzip, deflate)")
+        self.coding = coding
+
+    @property
+    def identity(self) -> bool:
+        return self._z is None
+
+    def steps(self, data: bytes):
+        """Decoded pieces of ``data``; each call of the generator does one bounded step."""
+        z = self._z
+        try:
+            while data:
+                out = z.decompress(data, DECODE_STEP_BYTES)
+                data = z.unconsumed_tail
+                if out:
+                    yield out
+                if z.eof:
+                    if data or z.unused_data:
+                        raise invalid_request(f"request body has data after its {self.coding} stream")
+                    return
+        except zlib.error as exc:
+            raise invalid_request(f"request body is not valid {self.coding} data: {exc}") from None
+
+    def finish(self) -> None:
+        if self._z is not None and not self._z.eof:
+            raise invalid_request(f"request body ends inside its {self.coding} stream (truncated)")
+
+
+async def read_body(request: web.Request, limits: BodyLimits) -> bytes:
+    """The decoded body within ``limits`` (413 / 408 / 415 / 400 as the module says)."""
+    return (await _read(request, limits))[0]
+
+
+async def _read(request: web.Request, limits: BodyLimits) -> tuple[bytes, int]:
+    """The decoded body and an upper bound on its JSON values (counted as its pieces came)."""
+    if request.content_length is not None and request.content_length > limits.max_bytes:
+        raise body_too_large(f"{request.content_length} bytes, the limit is {limits.max_bytes}")
+    decoder = _Decoder(request.headers.get("Content-Encoding", ""))
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    final = start + limits.timeout_s
+    received = decoded = 0
+    pieces: list[bytes] = []
+    # an upper bound on the JSON values: commas + opening brackets + 1, counted as pieces come,
+    # only once the body is past what its size alone clears ((bytes + 1) / 2 values at most)
+    rough = 1
+    counting = not decoder.identity or (request.content_length or limits.max_bytes) > 2 * limits.max_json_values
+    gate = _bulk_gate(request, decoder, limits)
+    try:
+        async with asyncio.timeout_at(_loop_deadline(start, final, 0, limits)) as window:
+            while True:
+                chunk = await request.content.readany()
+                if not chunk:
+                    break
+                received += len(chunk)
+                if received > limits.max_bytes:
+                    raise body_too_large(f"more than {limits.max_bytes} bytes")
+                async with gate:
+                    if decoder.identity:
+                        pieces.append(chunk)
+                        decoded = received
+                        if counting:
+                            rough += _openings(chunk)
+                    else:
+                        for out in decoder.steps(chunk):
+                            decoded += len(out)
+                            if decoded > limits.max_bytes:
+                                raise body_too_large(f"more than {limits.max_bytes} bytes once decoded ({decoder.coding})")
+                            pieces.append(out)
+                            if counting:
+                                rough += _openings(out)
+                            await asyncio.sleep(0)
+                window.reschedule(_loop_deadline(start, final, received, limits))
+    except TimeoutError:
+        elapsed = loop.time() - start
+        raise body_timeout(
+            f"request body did not arrive in time ({received} bytes in {elapsed:.1f} s; limits: "
+            f"{limits.timeout_s:g} s, {limits.min_rate:g} bytes/s)"
+        ) from None
+    decoder.finish()
+    return (pieces[0] if len(pieces) == 1 else b"".join(pieces)), rough
+
+
+def _bulk_gate(request: web.Request, decoder: _Decoder, limits: BodyLimits):
+    large = request.content_length is None or request.content_length > LARGE_BODY_BYTES or not decoder.identity
+    return limits.bulk if large and limits.bulk is not None else contextlib.nullcontext()
+
+
+def _openings(data: bytes) -> int:
+    return data.count(b",") + data.count(b"{") + data.count(b"[")
+
+
+def _loop_deadline(start: float, final: float, received: int, limits: BodyLimits) -> float:
+    """When the body is late (loop time): at ``final``, or once its average rate falls below the
+    least rate (the bytes received so far are owed by ``received / min_rate`` s, after the grace)."""
+    if limits.min_rate <= 0:
+        return final
+    return min(final, start + max(MIN_RATE_GRACE_S, received / limits.min_rate))
+
+
+async def read_json_body(request: web.Request, limits: BodyLimits) -> Any:
+    """The body as strict JSON (any JSON value): declared JSON, within ``limits``, at most
+    ``max_json_values`` values, no duplicate keys, no NaN/Infinity; else the error the module says."""
+    check_json_media_type(request)
+    raw, rough_values = await _read(request, limits)
+    gate = limits.bulk if len(raw) > LARGE_BODY_BYTES and limits.bulk is not None else contextlib.nullcontext()
+    # Values are at most (bytes + 1) / 2, and at most the commas + opening brackets + 1 (counted
+    # while reading, for bodies that size alone does not clear); a body under the limit by either
+    # count (nearly all) is parsed at once, others are counted exactly first (in a thread: numpy
+    # releases the GIL), so that countless tiny values are refused unbuilt.
+    if rough_values > limits.max_json_values:
+        values = await asyncio.get_running_loop().run_in_executor(None, count_json_values, raw)
+        if values > limits.max_json_values:
+            raise invalid_request(f"request body holds more than {limits.max_json_values} JSON values")
+    async with gate:
+        return parse_strict_json(raw)
+
+
+def parse_strict_json(raw: bytes) -> Any:
+    try:
+        return jiter.from_json(raw, catch_duplicate_keys=True, allow_inf_nan=False)
+    except ValueError as exc:
+        raise invalid_json(raw, str(exc)) from None
+
+
+def count_json_values(raw: bytes) -> int:
+    """An upper bound on the values of a JSON text, tight for valid JSON: 1 + the commas and
+    opening brackets outside strings (a string's quotes are found with their escapes)."""
+    import numpy as np
+
+    total = 0
+    inside = 0  # 1 while the scan is within a string
+    run = 0  # backslashes just before the chunk
+    for offset in range(0, len(raw), _SCAN_CHUNK):
+        a = np.frombuffer(raw, np.uint8, count=min(_SCAN_CHUNK, len(raw) - offset), offset=offset)
+        idx = np.arange(len(a), dtype=np.int64)
+        backslash = a == 92
+        last_other = np.maximum.accumulate(np.where(backslash, -1, idx))
+        runs = idx - last_other  # backslashes ending at each position
+        runs[last_other < 0] += run
+        before = np.empty_like(runs)
+        before[0], before[1:] = run, runs[:-1]
+        quotes = (a == 34) & ((before & 1) == 0)  # not escaped
+        in_string = (np.cumsum(quotes, dtype=np.int64) + inside) & 1
+        opening = (a == 44) | (a == 91) | (a == 123)
+        total += int(np.count_nonzero(opening & (in_string == 0)))
+        inside, run = int(in_string[-1]), int(runs[-1])
+    return total + 1
