@@ -92,6 +92,17 @@ class SidecarMetrics:
             buckets=ITL_BUCKETS,
             registry=r,
         )
+        self.sessions_rehomed = Counter(
+            "sidecar_sessions_rehomed",
+            "Sessions whose worker was lost (down or removed) and that continued on another worker; "
+            "their history is recomputed there",
+            registry=r,
+        )
+        self.rehomed_recompute_tokens = Counter(
+            "sidecar_rehomed_recompute_tokens",
+            "Tokens of history sent to a worker that does not hold them, because the session's worker was lost",
+            registry=r,
+        )
         self.engine_up = Gauge(
             "sidecar_engine_up", "1 while every SGLang worker answers /health (probed every few seconds), else 0", registry=r
         )

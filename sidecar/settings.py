@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sidecar.policy.settings import AdmissionSettings, PolicySettings
 
@@ -20,6 +20,18 @@ class ServerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     sglang_url: str = Field("http://127.0.0.1:30000", description="Base URL of the SGLang server.")
+    worker_urls: str = Field(
+        "",
+        description="Several SGLang workers: their base URLs, space- or comma-separated (replaces "
+        "--sglang-url). The sidecar places each new session on the one with room for it and keeps "
+        "its turns there. With --smg-url and no worker URLs, the workers are smg's (its /workers).",
+    )
+    smg_url: str | None = Field(
+        None,
+        description="smg (Shepherd Model Gateway) in front of the workers: /generate goes through it "
+        "with X-SMG-Target-Worker (start smg with --policy consistent_hashing or manual); health "
+        "checks, retries and worker registration stay smg's.",
+    )
     host: str = Field("127.0.0.1", description="Address the sidecar listens on.")
     port: int = Field(8000, ge=0, le=65535, description="Port the sidecar listens on.")
     tokenizer: str | None = Field(
@@ -173,6 +185,28 @@ class ServerSettings(BaseModel):
     sglang_api_key: str | None = Field(
         None, description="SGLang's --api-key, sent as 'Authorization: Bearer' on every engine call."
     )
+
+    @field_validator("worker_urls", mode="before")
+    @classmethod
+    def _urls(cls, value: Any) -> str:
+        """A list (TOML) or a space/comma-separated string; each an http(s) URL."""
+        urls = value if isinstance(value, list) else str(value or "").replace(",", " ").split()
+        for url in urls:
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise ValueError(f"worker URL {url!r} is not an http(s) URL")
+        return " ".join(u.rstrip("/") for u in urls)
+
+    @field_validator("smg_url")
+    @classmethod
+    def _smg_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"smg URL {value!r} is not an http(s) URL")
+        return value.rstrip("/") if value else value
+
+    def worker_url_list(self) -> list[str]:
+        """The workers named on the command line or in the config (empty: --sglang-url, or smg's)."""
+        return self.worker_urls.split()
+
 
 
 class SidecarSettings(BaseModel):

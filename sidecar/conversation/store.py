@@ -80,6 +80,7 @@ class Session:
     inflight: int = 0  # requests the sidecar is handling (waiting for admission or running)
     turn_count: int = 0
     worker: Worker | None = None  # the worker its requests went to (None: none went yet)
+    rehomed: int = 0  # times its worker was lost and it continued on another (a full recompute each)
     nbytes: int = 0  # what its turn states take
 
     @property
@@ -116,6 +117,8 @@ class Session:
             "idle_s": round(now - self.record.last_active, 3),
             "lease_remaining_s": round(max(0.0, lease_until - now), 3) if lease_until else None,
             "lease_source": "requested",
+            "worker": self.worker.url if self.worker is not None else None,
+            "rehomed": self.rehomed,
             **({"scope": self.scope} if self.scope else {}),  # with auth: which key's (a hash, never the key)
         }
 

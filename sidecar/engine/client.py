@@ -115,14 +115,20 @@ class EngineClient:
         async with resp:
             return resp.status == 200
 
-    async def generate_stream(self, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Yield SGLang's stream chunks (cumulative output_ids + meta_info) as they arrive.
+    async def generate_stream(
+        self, payload: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Yield SGLang's stream chunks (cumulative output_ids + meta_info) as they arrive;
+        ``headers`` are added (smg's target-worker header, when the request goes through smg).
 
         Past ``request_timeout`` it raises engine_timeout; SGLang may still be generating then.
         """
         body = _json_body({**payload, "stream": True})
         timeout = aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=self.connect_timeout)
-        resp = await self._open("POST", "/generate", data=body, timeout=timeout, headers=self._json_headers)
+        resp = await self._open(
+            "POST", "/generate", data=body, timeout=timeout,
+            headers={**self._json_headers, **headers} if headers else self._json_headers,
+        )
         try:
             splitter = _LineSplitter()
             async for chunk in resp.content.iter_any():

@@ -1,22 +1,33 @@
 """The worker seam: the SGLang servers behind the sidecar, and which one a session lives on.
 
 A session's KV is on the worker its requests went to, so a session stays on that worker
-(``Session.worker``); capacity, and so admission, is per worker. Today there is one worker;
-:meth:`Workers.place` is where a choice among several (or smg's routing key) would go.
+(``Session.worker``); capacity, and so admission, is per worker. Which worker a new session goes
+to is the policy's placement (``sidecar.policy.placement``); this module only knows how to reach
+a worker: its own URL for what only it answers (``/server_info``, ``/health``, the plugin's
+``/close_session`` and ``/set_internal_state``, aborts), and for ``/generate`` either that URL or
+smg with the target-worker header (``sidecar.engine.smg``), so health checks and retries stay smg's.
+A worker that stops answering is marked down; its sessions move on (the turn core re-homes them).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
 
 from sidecar.engine.capacity import EngineCapacity
 from sidecar.engine.client import EngineClient
 from sidecar.engine.generate import after_turn_body
 from sidecar.engine.lease import LeaseRequest
-from sidecar.errors import engine_error
+from sidecar.engine.smg import TARGET_WORKER_HEADER, SmgWorker, target_index
+from sidecar.errors import APIError, engine_error, engine_unavailable
+
+log = logging.getLogger("sidecar.engine")
+
+# Answers that mean the worker (or smg's way to it) is gone, not that the request was bad.
+_WORKER_GONE_CODES = {"engine_unavailable", "engine_overloaded"}
 
 
 @dataclass(eq=False)
@@ -25,6 +36,18 @@ class Worker:
 
     client: EngineClient
     capacity: EngineCapacity
+    gateway: SmgGateway | None = None  # /generate goes through smg when set
+    up: bool = True  # False once it failed a request or its /health, or smg stopped listing it
+    removed: bool = False  # no longer one of the workers (smg dropped it)
+    on_down: Callable[[Worker], None] | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return self.client.base_url
+
+    @property
+    def usable(self) -> bool:
+        return self.up and not self.removed
 
     async def read_info(self) -> dict[str, Any]:
         """The worker's /server_info (what it holds, its model, its limits); APIError when it does
@@ -37,34 +60,144 @@ class Worker:
             raise engine_error("SGLang's /server_info did not answer a JSON object")
         return info
 
+    def generation_route(self) -> WorkerRoute:
+        """What a turn's Generation streams from: this worker, through smg if there is one."""
+        return WorkerRoute(self)
+
+    def mark_down(self, why: str) -> None:
+        if self.up:
+            log.warning("worker %s is down (%s); its sessions move to another worker", self.url, why)
+        self.up = False
+        if self.on_down is not None:
+            self.on_down(self)
+
     def release(self, session_id: str) -> None:
         """End the session's lease on this worker, in the background (best effort: the plugin's
         lease table is the truth, and a lease the sidecar cannot release still expires)."""
-        asyncio.ensure_future(self.client.close_session(session_id))
+        if self.usable:
+            asyncio.ensure_future(self.client.close_session(session_id))
 
     def revise_lease(self, session_id: str, lease: LeaseRequest) -> None:
         """Tell the worker's plugin, in the background, the finished turn's revised lease (the
         plugin's after-turn channel); only where the plugin runs (SGLang refuses the keys else)."""
-        if self.capacity.plugin:
+        if self.capacity.plugin and self.usable:
             asyncio.ensure_future(self.client.set_internal_state(after_turn_body(session_id, lease)))
 
 
+class SmgGateway:
+    """smg in front of the workers: its client for ``/generate`` and its latest worker listing."""
+
+    def __init__(self, client: EngineClient):
+        self.client = client
+        self.listing: list[SmgWorker] = []
+
+    async def read_listing(self) -> list[SmgWorker]:
+        from sidecar.engine.smg import parse_workers
+
+        try:
+            self.listing = parse_workers(await self.client.get_json("/workers"))
+        except ValueError as exc:
+            raise engine_error(str(exc)) from None
+        return self.listing
+
+    def headers_for(self, url: str) -> dict[str, str]:
+        index = target_index(self.listing, url)
+        if index is None:
+            raise engine_unavailable(f"smg lists no healthy worker at {url}")
+        return {TARGET_WORKER_HEADER: str(index)}
+
+
+class WorkerRoute:
+    """``generate_stream`` and ``abort`` for one worker (the relay's engine): the stream goes
+    through smg with the target header when smg fronts the workers, aborts to the worker itself.
+    A failure that means the worker is gone marks it down."""
+
+    def __init__(self, worker: Worker):
+        self.worker = worker
+
+    async def generate_stream(self, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        worker = self.worker
+        try:
+            if worker.gateway is None:
+                stream = worker.client.generate_stream(payload)
+            else:
+                stream = worker.gateway.client.generate_stream(payload, worker.gateway.headers_for(worker.url))
+            async for chunk in stream:
+                yield chunk
+        except APIError as err:
+            if err.code in _WORKER_GONE_CODES or err.status in (502, 503):
+                worker.mark_down(err.message)
+            raise
+
+    async def abort(self, rid: str) -> None:
+        await self.worker.client.abort(rid)
+
+
 class Workers:
-    def __init__(self, workers: Sequence[Worker]):
+    """The workers, by URL; the set may change while the sidecar runs (smg adds and drops)."""
+
+    def __init__(self, workers: Sequence[Worker], factory: Callable[[str], Worker] | None = None):
+        """``factory`` makes the Worker of a URL that joins at runtime (smg listed it)."""
         if not workers:
             raise ValueError("at least one worker is needed")
-        self._workers = list(workers)
+        self._workers = {w.url: w for w in workers}
+        self.gateway: SmgGateway | None = next((w.gateway for w in workers if w.gateway), None)
+        self.factory = factory
+
+    def apply_listing(self, listing: list[SmgWorker]) -> list[Worker]:
+        """smg's view: a URL it newly lists joins (returned), one it no longer lists is removed,
+        one it lists as unhealthy is down (back up only once its own /health answers)."""
+        joined = []
+        listed = {w.url: w.healthy for w in listing}
+        for url, healthy in listed.items():
+            worker = self._workers.get(url)
+            if (worker is None or worker.removed) and self.factory is not None:
+                worker = self.add(self.factory(url))
+                joined.append(worker)
+            if worker is not None and not healthy:
+                worker.mark_down("smg lists it as unhealthy")
+        for url in list(self._workers):
+            if url not in listed:
+                self.remove(url)
+        return joined
 
     def __iter__(self) -> Iterator[Worker]:
-        return iter(self._workers)
+        return iter(list(self._workers.values()))
 
     def __len__(self) -> int:
         return len(self._workers)
 
-    def place(self, session_id: str) -> Worker:
-        """The worker a new session starts on (its requests stay there afterwards)."""
-        return self._workers[0]
+    def get(self, url: str | None) -> Worker | None:
+        return self._workers.get(url) if url is not None else None
+
+    def usable(self) -> list[Worker]:
+        return [w for w in self._workers.values() if w.usable]
+
+    def first(self) -> Worker:
+        """A worker for what any of them can answer (limits, the model): a usable one if any."""
+        return next(iter(self.usable()), None) or next(iter(self._workers.values()))
+
+    def add(self, worker: Worker) -> Worker:
+        """A worker joined (smg lists it): it takes new sessions from now on."""
+        self._workers[worker.url] = worker
+        log.info("worker %s joined", worker.url)
+        return worker
+
+    def remove(self, url: str) -> None:
+        """A worker left (smg no longer lists it): its sessions move on when they return."""
+        worker = self._workers.get(url)
+        if worker is not None and not worker.removed:
+            worker.removed = True
+            worker.mark_down("removed")
 
     async def healthy(self) -> bool:
-        """Every worker answers its /health."""
-        return all(await asyncio.gather(*(w.client.healthy() for w in self._workers)))
+        """Every usable worker answers its /health (each worker's answer marks it up or down)."""
+        workers = [w for w in self._workers.values() if not w.removed]
+        answers = await asyncio.gather(*(w.client.healthy() for w in workers))
+        for worker, up in zip(workers, answers):
+            if not up:
+                worker.mark_down("its /health did not answer")
+            elif not worker.up:
+                log.info("worker %s answers /health again", worker.url)
+                worker.up = True
+        return bool(answers) and all(answers)

@@ -19,7 +19,10 @@ Contract (all times ``time.monotonic()``):
                                                ``lease_revised(sid, lease, now)``
                   ``release_admission(sid)``   (in finally, iff admit returned)
   every ~1 s      ``sessions_to_close(now)``: the store forgets those (releasing their leases)
-  engine info     ``set_capacity(capacity)`` whenever the worker reports (again) what it holds
+  engine info     ``set_capacity(capacity, worker)`` whenever a worker reports (again) what it holds;
+                  ``set_placeable(worker, bool)`` as workers go down, leave or come back
+  placement       after ``admit``, ``worker_of(sid)`` names the session's worker; ``unplace(sid)``
+                  when that worker is lost
 """
 
 from __future__ import annotations
@@ -68,8 +71,17 @@ class SessionPolicy(Protocol):
     def lease_revised(self, session_id: str, lease: LeaseRequest, now: float) -> None:
         """The revised lease went to the engine."""
 
-    def set_capacity(self, capacity: EngineCapacity) -> None:
-        """What the worker holds, as it reported it (again)."""
+    def set_capacity(self, capacity: EngineCapacity, worker: str | None = None) -> None:
+        """What a worker holds, as it reported it (again); a new name is a worker that joined."""
+
+    def set_placeable(self, worker: str, placeable: bool) -> None:
+        """New sessions may (no longer) be placed on ``worker``."""
+
+    def unplace(self, session_id: str) -> None:
+        """The session's worker was lost: its next request is placed afresh."""
+
+    def worker_of(self, session_id: str) -> str | None:
+        """The worker the session was placed on (admission or a forced placement decided)."""
 
     def on_turn_end(self, turn: TurnEnd) -> None:
         """A turn finished; the gap until the session's next request starts now."""
@@ -90,6 +102,7 @@ def build_policy(
     *,
     registry=None,
     clock: Callable[[], float] = time.monotonic,
+    worker: str = "",
 ) -> SessionPolicy:
     """The policy the settings ask for. ``settings`` is the whole SidecarSettings; the policy reads
     its [policy] and [admission] sections, and from [server] the idle grace and how many closed
@@ -108,4 +121,5 @@ def build_policy(
         idle_grace_s=settings.server.session_idle_grace,
         registry=registry,
         clock=clock,
+        worker=worker,
     )

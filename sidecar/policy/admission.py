@@ -21,13 +21,22 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from sidecar.policy.base import AdmissionRejected
 from sidecar.policy.settings import AdmissionSettings
 
 # (projected tokens of the resident sessions, number of resident sessions)
 ResidentProjection = Callable[[], tuple[float, int]]
+
+
+class Placement(Protocol):
+    """Several workers: a session fits when some worker has room (``choose``), and a grant
+    places it there (``assign``). Without one the queue admits against one pool."""
+
+    def choose(self, tokens: float, force: bool = False) -> str | None: ...
+
+    def assign(self, session_id: str, worker: str) -> None: ...
 
 
 @dataclass(eq=False)
@@ -64,8 +73,10 @@ class AdmissionQueue:
         ungrant: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
         metrics=None,
+        placement: Placement | None = None,
     ):
         self.settings = settings
+        self.placement = placement
         self.capacity_tokens = capacity_tokens
         self._resident = resident
         self._grant = grant
@@ -84,7 +95,10 @@ class AdmissionQueue:
         return self.settings.headroom * self.capacity_tokens
 
     def fits(self, tokens: float) -> bool:
-        """Would a session of ``tokens`` projected tokens fit next to the resident ones now?"""
+        """Would a session of ``tokens`` projected tokens fit next to the resident ones now (on
+        some worker, with a placement)?"""
+        if self.placement is not None:
+            return self.placement.choose(tokens) is not None
         if self.capacity_tokens <= 0:
             return True
         resident_tokens, resident_sessions = self._resident()
@@ -157,6 +171,10 @@ class AdmissionQueue:
             self.pump()
 
     def _admit(self, ticket: AdmissionTicket, decision: str | None, waited: float | None) -> None:
+        if decision is not None and self.placement is not None:  # a gated session: place it now
+            worker = self.placement.choose(ticket.tokens, force=True)
+            if worker is not None:
+                self.placement.assign(ticket.session_id, worker)
         self._grant(ticket.session_id, ticket.prompt_tokens)
         ticket.state = "granted"
         if decision is not None:

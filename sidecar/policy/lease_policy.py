@@ -37,6 +37,7 @@ from sidecar.policy.admission import AdmissionGate, AdmissionTicket
 from sidecar.policy.base import LeaseRequest, TurnEnd
 from sidecar.policy.lifecycle import ClosedSessions, SessionRecord, SessionRecords
 from sidecar.policy.metrics import PolicyMetrics
+from sidecar.policy.placement import WorkerRoom, choose_worker
 from sidecar.policy.predictor import ReturnTimePredictor, tool_keys
 from sidecar.policy.settings import AdmissionSettings, PolicySettings
 from sidecar.policy.ttl import LeaseTtlRule
@@ -55,10 +56,14 @@ class LeasePolicy:
         idle_grace_s: float = 60.0,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
+        worker: str = "",
     ):
         self.settings = policy
         self.admission_settings = admission
         self.capacity = capacity
+        # each worker's capacity, by name (its URL); the ones new sessions may be placed on
+        self.capacities: dict[str, EngineCapacity] = {worker: capacity}
+        self.placeable: set[str] = {worker}
         self.clock = clock
         self.predictor = ReturnTimePredictor(policy)
         self.ttl_rule = LeaseTtlRule(policy)
@@ -79,6 +84,7 @@ class LeasePolicy:
             ungrant=self.release_admission,
             clock=clock,
             metrics=self.metrics,
+            placement=self,
         )
 
     def bind(self, sessions: SessionRecords) -> None:
@@ -89,6 +95,7 @@ class LeasePolicy:
             resident=lambda: self._resident_summary(self.clock()),
             sessions=lambda: len(sessions),
         )
+        self.metrics.bind_workers(self.worker_state)
 
     def new_record(self, session_id: str) -> SessionRecord:
         """The record of a session the store is opening; a session closed earlier comes back with
@@ -120,9 +127,14 @@ class LeasePolicy:
 
         Only a new session's first request is gated (and only with admission enabled).
         """
+        record = self._record(session_id)
+        projected = prompt_tokens + self._projected_growth()
         if is_new_session and self.admission_settings.enabled:
-            projected = prompt_tokens + self._projected_growth()
             return self.gate.offer(session_id, prompt_tokens, projected, on_grant)
+        if record.worker is None or record.worker not in self.capacities:  # not placed (admission off, re-homed)
+            worker = self.choose(projected, force=True)
+            if worker is not None:
+                self.assign(session_id, worker)
         return self.gate.let_through(session_id, prompt_tokens, on_grant)
 
     def release_admission(self, session_id: str) -> None:
@@ -239,12 +251,71 @@ class LeasePolicy:
             state.lease_expires_at = now + lease.ttl_s
             self.metrics.lease_granted(lease.ttl_s)
 
-    def set_capacity(self, capacity: EngineCapacity) -> None:
-        """The worker told us (again) what it holds: admission and the pressure term use it from
-        now on."""
-        self.capacity = capacity
-        self.gate.capacity_tokens = capacity.hierarchy_tokens
+    def set_capacity(self, capacity: EngineCapacity, worker: str | None = None) -> None:
+        """A worker told us (again) what it holds (a new name: a worker that joined, placeable from
+        now on): admission and the pressure term use it from now on."""
+        worker = next(iter(self.capacities)) if worker is None else worker
+        if worker not in self.capacities:
+            self.placeable.add(worker)
+        self.capacities[worker] = capacity
+        if len(self.capacities) == 1 or worker == next(iter(self.capacities)):
+            self.capacity = capacity
+            self.gate.capacity_tokens = capacity.hierarchy_tokens
         self.gate.pump()
+
+    # ------------------------------------------------------------------ placement (several workers)
+    def set_placeable(self, worker: str, placeable: bool) -> None:
+        """New sessions may (no longer) go to ``worker`` (it is down or was removed, or back)."""
+        if placeable and worker in self.capacities:
+            self.placeable.add(worker)
+        else:
+            self.placeable.discard(worker)
+        self.gate.pump()
+
+    def unplace(self, session_id: str) -> None:
+        """The session's worker is gone: its next request is placed afresh (a full recompute)."""
+        record = self.sessions.record(session_id)
+        if record is not None:
+            record.worker = None
+
+    def worker_of(self, session_id: str) -> str | None:
+        record = self.sessions.record(session_id)
+        return record.worker if record is not None else None
+
+    def rooms(self) -> list[WorkerRoom]:
+        now = self.clock()
+        out = []
+        for worker in self.capacities:
+            if worker not in self.placeable:
+                continue
+            _, projected, sessions = self._resident_summary(now, worker)
+            budget = self.admission_settings.headroom * self.capacities[worker].hierarchy_tokens
+            out.append(WorkerRoom(worker, budget, projected, sessions))
+        return out
+
+    def choose(self, tokens: float, force: bool = False) -> str | None:
+        """The placement the gate asks: the worker a session of ``tokens`` fits on, or None."""
+        return choose_worker(self.rooms(), tokens, force)
+
+    def assign(self, session_id: str, worker: str) -> None:
+        record = self.sessions.record(session_id)
+        if record is not None:
+            record.worker = worker
+            self.metrics.worker_admission(worker)
+
+    def worker_state(self) -> dict[str, tuple[float, int, int]]:
+        """Per worker: (resident tokens, leases, sessions placed there), for /metrics."""
+        now = self.clock()
+        state = {w: [0.0, 0, 0] for w in self.capacities}
+        for r in self.sessions.records():
+            if r.worker in state:
+                entry = state[r.worker]
+                entry[2] += 1
+                if r.is_resident(now) or r.holds_kv():
+                    entry[0] += r.context_tokens
+                if r.lease_expires_at is not None and now < r.lease_expires_at:
+                    entry[1] += 1
+        return {w: (t, leases, n) for w, (t, leases, n) in state.items()}
 
     # ------------------------------------------------------------------ lifecycle
     def sessions_to_close(self, now: float) -> list[str]:
@@ -296,7 +367,7 @@ class LeasePolicy:
             self.closed.remember(state)
         self.metrics.session_closed(reason)
 
-    def _resident_summary(self, now: float) -> tuple[float, float, int]:
+    def _resident_summary(self, now: float, worker: str | None = None) -> tuple[float, float, int]:
         """(tokens, projected tokens as the gate counts them, sessions) of the resident sessions.
 
         A session's projection is its context + ``_projected_growth()``. Without a host tier a
@@ -306,8 +377,12 @@ class LeasePolicy:
         in full: HiCache keeps its KV (on GPU or host) whether leased or not, until the host
         tier runs out, so what must fit is the whole set of open sessions, not the leased ones.
         """
-        hierarchy = self.capacity.host_tokens > 0
-        resident = [s for s in self.sessions.records() if s.is_resident(now) or (hierarchy and s.holds_kv())]
+        capacity = self.capacities.get(worker, self.capacity) if worker is not None else self.capacity
+        hierarchy = capacity.host_tokens > 0
+        records = self.sessions.records()
+        if worker is not None and len(self.capacities) > 1:  # one worker's sessions only
+            records = [s for s in records if s.worker == worker]
+        resident = [s for s in records if s.is_resident(now) or (hierarchy and s.holds_kv())]
         growth = self._projected_growth()
         tokens = projected = 0.0
         for s in resident:

@@ -18,6 +18,13 @@ CLOSE_REASONS = ("idle", "table_full")
 
 class PolicyMetrics:
     def __init__(self, registry: CollectorRegistry):
+        self._registry = registry
+        self.worker_admissions = Counter(
+            "sidecar_worker_admissions",
+            "New (or re-homed) sessions placed on each worker.",
+            ["worker"],
+            registry=registry,
+        )
         self.gap_predicted = Histogram(
             "sidecar_gap_predicted_seconds",
             "Predicted median gap until a session's next request, at the end of each turn.",
@@ -94,6 +101,17 @@ class PolicyMetrics:
         for reason in CLOSE_REASONS:
             self.sessions_closed.labels(reason)
 
+    def bind_workers(self, state) -> None:
+        """Per-worker gauges read at scrape time; ``state()`` maps a worker to (resident tokens,
+        leases, sessions)."""
+        self._workers_state = state
+        if not getattr(self, "_workers_bound", False):
+            self._workers_bound = True
+            self._registry.register(_WorkerCollector(lambda: self._workers_state()))
+
+    def worker_admission(self, worker: str) -> None:
+        self.worker_admissions.labels(worker=worker).inc()
+
     def bind_state(
         self,
         queue_length: Callable[[], float],
@@ -133,3 +151,22 @@ class PolicyMetrics:
 
     def session_closed(self, reason: str) -> None:
         self.sessions_closed.labels(reason).inc()
+
+
+class _WorkerCollector:
+    """``sidecar_worker_resident_tokens`` / ``_leases`` / ``_sessions`` per worker, at scrape time."""
+
+    def __init__(self, state):
+        self._state = state
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        tokens = GaugeMetricFamily("sidecar_worker_resident_tokens", "Tokens of the sessions resident on each worker.", labels=["worker"])
+        leases = GaugeMetricFamily("sidecar_worker_leases", "Sessions holding a requested lease on each worker.", labels=["worker"])
+        sessions = GaugeMetricFamily("sidecar_worker_sessions", "Open sessions placed on each worker.", labels=["worker"])
+        for worker, (t, n_leases, n) in self._state().items():
+            tokens.add_metric([worker], t)
+            leases.add_metric([worker], n_leases)
+            sessions.add_metric([worker], n)
+        yield from (tokens, leases, sessions)

@@ -21,7 +21,7 @@ from aiohttp import web
 from sidecar.engine.capacity import EngineCapacity
 from sidecar.engine.client import EngineClient
 from sidecar.engine.health import EngineHealth
-from sidecar.engine.worker import Worker, Workers
+from sidecar.engine.worker import SmgGateway, Worker, Workers
 from sidecar.errors import APIError
 from sidecar.metrics import SidecarMetrics
 from sidecar.server import keys, routes
@@ -80,6 +80,24 @@ async def fetch_server_info(engine: EngineClient, wait_s: float, delay: float = 
         return info
 
 
+async def _smg_worker_urls(gateway: SmgGateway | None, wait_s: float, delay: float = 1.0) -> list[str]:
+    """The workers smg lists (waiting up to ``wait_s`` for it to list one); [] without smg."""
+    if gateway is None:
+        return []
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            listing = await gateway.read_listing()
+            if listing:
+                return [w.url for w in listing]
+            why = "it lists no worker"
+        except APIError as exc:
+            why = exc.message
+        if time.monotonic() + delay > deadline:
+            raise StartupError(f"smg at {gateway.client.base_url} gave no workers ({why}); pass --worker-urls")
+        await asyncio.sleep(delay)
+
+
 def create_app(settings: SidecarSettings, tokenizer=None) -> web.Application:
     """Build the application; ``tokenizer`` may be preloaded (the CLI does, to fail early)."""
     try:
@@ -120,15 +138,20 @@ def _engine_context(preloaded_tokenizer):
             cookie_jar=aiohttp.DummyCookieJar(),  # SGLang sets no cookies; skip matching them per request
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout),
         )
-        engine = EngineClient(
-            settings.sglang_url,
-            http,
-            request_timeout=settings.request_timeout,
-            connect_timeout=settings.connect_timeout,
-            connect_retries=settings.connect_retries,
-            api_key=settings.sglang_api_key,
-        )
+        def client(url: str) -> EngineClient:
+            return EngineClient(
+                url,
+                http,
+                request_timeout=settings.request_timeout,
+                connect_timeout=settings.connect_timeout,
+                connect_retries=settings.connect_retries,
+                api_key=settings.sglang_api_key,
+            )
+
         try:
+            gateway = SmgGateway(client(settings.smg_url)) if settings.smg_url else None
+            urls = settings.worker_url_list() or await _smg_worker_urls(gateway, settings.startup_wait)
+            engine = client(urls[0] if urls else settings.sglang_url)
             info = await fetch_server_info(engine, settings.startup_wait)
             tokenizer = preloaded_tokenizer
             if tokenizer is None:
@@ -138,7 +161,9 @@ def _engine_context(preloaded_tokenizer):
                         f"no tokenizer: SGLang at {settings.sglang_url} did not report one; pass --tokenizer DIR"
                     )
                 tokenizer = await asyncio.get_running_loop().run_in_executor(None, load_tokenizer, path)
-            configure(app, engine, tokenizer, info or {})
+            others = [Worker(client(url), EngineCapacity(0), gateway) for url in urls[1:]]
+            factory = (lambda url: Worker(client(url), EngineCapacity(0), gateway)) if gateway else None
+            configure(app, engine, tokenizer, info or {}, others, gateway, factory)
         except BaseException:
             await http.close()
             raise
@@ -149,11 +174,16 @@ def _engine_context(preloaded_tokenizer):
     return context
 
 
-def configure(app: web.Application, engine: EngineClient, tokenizer, info: dict[str, Any]) -> None:
-    """One worker (the SGLang server at --sglang-url) and the turn core on it."""
+def configure(
+    app: web.Application, engine: EngineClient, tokenizer, info: dict[str, Any],
+    others: list[Worker] = (), gateway: SmgGateway | None = None, factory=None,
+) -> None:
+    """The workers (the SGLang server at --sglang-url, or --worker-urls / smg's, the first of
+    which answered ``info``) and the turn core on them; the others tell their capacity through
+    the background refresh."""
     settings = app[keys.SETTINGS]
     metrics = app[keys.METRICS]
-    workers = Workers([Worker(engine, EngineCapacity.from_server_info(info))])
+    workers = Workers([Worker(engine, EngineCapacity.from_server_info(info), gateway), *others], factory)
     model_name = settings.server.model_name or engine_model_name(info)
     try:
         core = build_core(settings, tokenizer, workers, metrics, model_name)

@@ -2,7 +2,8 @@
 sessions the policy says are done, releasing their leases in SGLang), the engine health probe
 (``sidecar_engine_up``, and a log line when SGLang stops answering or is back) and the engine info
 refresh (/server_info read again: every second until SGLang told its capacity, then every few
-seconds, so a restarted SGLang is read afresh)."""
+seconds, so a restarted SGLang is read afresh) and, with smg in front, its worker listing every
+second (workers joining, leaving, unhealthy)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ log = logging.getLogger("sidecar")
 LIFECYCLE_INTERVAL_S = 1.0
 PROBE_INTERVAL_S = 5.0
 ENGINE_INFO_INTERVAL_S = 5.0
+WORKERS_INTERVAL_S = 1.0
 
 
 def every(interval_s: float, step: Callable[[web.Application], Awaitable[None] | None], what: str):
@@ -55,6 +57,12 @@ def close_due_sessions(app: web.Application) -> None:
 
 async def probe_engine(app: web.Application) -> None:
     app[keys.ENGINE_HEALTH].record(await app[keys.WORKERS].healthy())
+    app[keys.TURNS].sync_placeable()  # a worker back up takes new sessions again
+
+
+async def refresh_workers(app: web.Application) -> None:
+    """With smg in front: who its workers are now (a worker added to smg takes new sessions)."""
+    await app[keys.TURNS].refresh_workers()
 
 
 def refresh_engine_info() -> Callable[[web.Application], Awaitable[None]]:
@@ -78,4 +86,5 @@ def background_contexts() -> list:
         every(LIFECYCLE_INTERVAL_S, close_due_sessions, "session lifecycle pass"),
         every(PROBE_INTERVAL_S, probe_engine, "engine health probe"),
         every(1.0, refresh_engine_info(), "engine info refresh"),
+        every(WORKERS_INTERVAL_S, refresh_workers, "smg worker listing refresh"),
     ]

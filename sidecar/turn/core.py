@@ -63,7 +63,18 @@ class TurnCore:
         self._refreshing: asyncio.Task | None = None
         self._info_errors: dict[Worker, APIError] = {}  # why a worker's last /server_info failed
         for worker in workers:
+            self.watch(worker)
             self._show_capacity(worker.capacity)
+
+    def watch(self, worker: Worker) -> None:
+        """Placement hears when ``worker`` goes down (with several workers: one alone stays placeable)."""
+        worker.on_down = lambda w: len(self.workers) > 1 and self.policy.set_placeable(w.url, False)
+
+    def sync_placeable(self) -> None:
+        """Placement's view of which workers take new sessions, after health and listing changed."""
+        if len(self.workers) > 1:
+            for worker in self.workers:
+                self.policy.set_placeable(worker.url, worker.usable and worker.capacity.known)
 
     def serves_model(self, model: str | None) -> bool:
         """Whether a request's ``model`` names the served model (no name: the served one)."""
@@ -106,8 +117,27 @@ class TurnCore:
             self._refreshing = asyncio.ensure_future(self._refresh())
         await asyncio.shield(self._refreshing)
 
+    async def refresh_workers(self) -> None:
+        """With smg in front: its worker listing (joined, removed, unhealthy workers), then the
+        engine info of any worker that has not told its capacity yet."""
+        gateway = self.workers.gateway
+        if gateway is None:
+            return
+        try:
+            listing = await gateway.read_listing()
+        except APIError as exc:
+            log.warning("smg's /workers failed: %s", exc.message)
+            return
+        for worker in self.workers.apply_listing(listing):
+            self.watch(worker)
+        self.sync_placeable()
+        if any(not w.capacity.known for w in self.workers if not w.removed):
+            await self.refresh_engine_info()
+
     async def _refresh(self) -> None:
         for worker in self.workers:
+            if worker.removed:
+                continue
             try:
                 self.engine_info(worker, await worker.read_info())
                 self._info_errors.pop(worker, None)
@@ -141,7 +171,8 @@ class TurnCore:
         if capacity == worker.capacity:
             return
         worker.capacity = capacity
-        self.policy.set_capacity(capacity)  # one worker today: the policy admits against it
+        self.policy.set_capacity(capacity, worker.url)
+        self.sync_placeable()
         self._show_capacity(capacity)
         log.info(
             "engine at %s: GPU KV %d tokens, host tier %d tokens, prompt limit %d, session_ttl plugin %s",
@@ -164,8 +195,10 @@ def build_core(settings: SidecarSettings, tokenizer, workers: Workers, metrics: 
     """The core and its services: the chat template (ValueError if the tokenizer has none), the
     policy (admitting against the worker's capacity: one worker today), the session store."""
     renderer = ChatRenderer(tokenizer)
-    (worker,) = workers
-    policy = build_policy(settings, worker.capacity, registry=metrics.registry)
+    first, *others = workers
+    policy = build_policy(settings, first.capacity, registry=metrics.registry, worker=first.url)
+    for worker in others:
+        policy.set_capacity(worker.capacity, worker.url)
     sessions = SessionStore(policy, settings.server.max_sessions, metrics, settings.server.max_session_bytes)
     a = settings.admission
     shares = QueueShares(settings.server.key_queue_share, a.max_queue, a.retry_after)
@@ -234,9 +267,10 @@ class Turn:
         parser_name = "none" if (req.tool_choice == "none" or not req.tools) else core.settings.tool_parser
         parser = get_tool_parser(parser_name)
         forced = parser.forced_prefix(req.forced_tool) if req.tool_choice == "required" else None
-        worker = session.worker or core.workers.place(session.id)
-        await core.require_engine_info(worker)
-        limit = core.settings.max_prompt_tokens or worker.capacity.max_req_input_len
+        worker = self._session_worker(session, res)
+        await core.require_engine_info(worker or core.workers.first())
+        limit_worker = worker or core.workers.first()
+        limit = core.settings.max_prompt_tokens or limit_worker.capacity.max_req_input_len
         try:
             if large:
                 ids = await core.offload.run(self._prompt_ids, req, res, forced, limit)
@@ -264,6 +298,12 @@ class Turn:
             if shares is not None:
                 shares.leave(req.scope)
         self._admitted = True
+        if worker is None:  # placed by admission: the worker with room for it
+            worker = core.workers.get(core.policy.worker_of(session.id))
+            if worker is None:
+                raise APIError(503, "no SGLang worker is available", type="engine_unavailable",
+                               code="no_worker", headers={"Retry-After": "2"})
+            await core.require_engine_info(worker)
         session.worker = worker  # its requests go there from now on
         now = time.monotonic()
         core.policy.on_request(session.id, len(ids), now)
@@ -271,9 +311,28 @@ class Turn:
         params = sampling_params(req.sampling, core.settings.default_max_tokens, renderer.eos_ids, lease)
         salt = self._cache_salt(req, res)
         self.generation = Generation(
-            worker.client, generate_request(ids, session.id, params, salt), renderer.codec, parser, req.stop, forced,
+            worker.generation_route(), generate_request(ids, session.id, params, salt), renderer.codec, parser, req.stop, forced,
             on_tokens=core.metrics.observe_tokens,
         )
+
+    def _session_worker(self, session: Session, res: Resolution) -> Worker | None:
+        """The worker holding the session's KV; None when placement must choose (a new session,
+        or one whose worker was lost while another is usable: it is re-homed, its whole history
+        recomputed on the new worker, and counted so)."""
+        core, worker = self.core, session.worker
+        if worker is None:
+            return core.workers.get(core.policy.worker_of(session.id))
+        if worker.usable or not any(w.usable for w in core.workers if w is not worker):
+            return worker
+        session.worker = None
+        session.rehomed += 1
+        core.policy.unplace(session.id)
+        core.metrics.sessions_rehomed.inc()
+        if res.base is not None:
+            core.metrics.rehomed_recompute_tokens.inc(len(res.base.token_ids))
+        log.warning("session %s: worker %s lost; it continues on another worker (full recompute)",
+                    session.public_id, worker.url)
+        return None
 
     def _cache_salt(self, req: TurnRequest, res: Resolution) -> str | None:
         """The SGLang cache namespace of this request: with auth on and cache isolation, its key's
