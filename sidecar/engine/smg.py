@@ -3,7 +3,8 @@ sends a request to one of them.
 
 smg keeps the workers healthy (health checks, retries, registration); the sidecar only says which
 worker a session's request must reach. smg 1.13's ``X-SMG-Target-Worker`` is a 0-based index into
-the workers smg considers available (healthy), in the order of its ``GET /workers`` listing
+the workers smg considers available (healthy and, unless smg runs with ``--disable-circuit-breaker``,
+circuit closed: start it with that flag, as the listing shows health only), in its ``GET /workers`` order
 (``consistent_hashing`` and ``manual`` policies honour it; an index with no healthy worker is
 answered 503). So the header is computed from the latest listing; between a worker's death and the
 next listing the index may shift, which is why a failed request refreshes the listing at once.

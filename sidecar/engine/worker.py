@@ -116,21 +116,41 @@ class WorkerRoute:
         self.worker = worker
 
     async def generate_stream(self, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        worker = self.worker
-        try:
-            if worker.gateway is None:
-                stream = worker.client.generate_stream(payload)
-            else:
-                stream = worker.gateway.client.generate_stream(payload, worker.gateway.headers_for(worker.url))
-            async for chunk in stream:
-                yield chunk
-        except APIError as err:
-            if err.code in _WORKER_GONE_CODES or err.status in (502, 503):
-                worker.mark_down(err.message)
-            raise
+        worker, gateway = self.worker, self.worker.gateway
+        if gateway is None:
+            try:
+                async for chunk in worker.client.generate_stream(payload):
+                    yield chunk
+            except APIError as err:
+                if _worker_gone(err):
+                    worker.mark_down(err.message)
+                raise
+            return
+        received = False
+        for attempt in range(2):
+            try:
+                async for chunk in gateway.client.generate_stream(payload, gateway.headers_for(worker.url)):
+                    received = True
+                    yield chunk
+                return
+            except APIError as err:
+                if not _worker_gone(err):
+                    raise
+                # smg's answer: the worker died, or smg's healthy set changed under the index;
+                # its fresh listing tells which (a request that got nothing is sent once more)
+                try:
+                    await gateway.read_listing()
+                except APIError:
+                    pass
+                if target_index(gateway.listing, worker.url) is None:
+                    worker.mark_down(err.message)
+                    raise
+                if received or attempt:
+                    raise
 
-    async def abort(self, rid: str) -> None:
-        await self.worker.client.abort(rid)
+
+def _worker_gone(err: APIError) -> bool:
+    return err.code in _WORKER_GONE_CODES or err.status in (502, 503)
 
 
 class Workers:

@@ -162,6 +162,9 @@ def _engine_context(preloaded_tokenizer):
                     )
                 tokenizer = await asyncio.get_running_loop().run_in_executor(None, load_tokenizer, path)
             others = [Worker(client(url), EngineCapacity(0), gateway) for url in urls[1:]]
+            infos = await asyncio.gather(*(fetch_server_info(w.client, min(settings.startup_wait, 5.0)) for w in others))
+            for worker, other_info in zip(others, infos):  # placement knows every worker's room from the start
+                worker.capacity = EngineCapacity.from_server_info(other_info or {})
             factory = (lambda url: Worker(client(url), EngineCapacity(0), gateway)) if gateway else None
             configure(app, engine, tokenizer, info or {}, others, gateway, factory)
         except BaseException:

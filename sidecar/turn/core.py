@@ -130,6 +130,11 @@ class TurnCore:
             return
         for worker in self.workers.apply_listing(listing):
             self.watch(worker)
+        healthy = {w.url for w in listing if w.healthy}
+        for worker in self.workers:  # smg has it healthy again: back once its own /health answers
+            if not worker.up and not worker.removed and worker.url in healthy and await worker.client.healthy():
+                log.info("worker %s is up again", worker.url)
+                worker.up = True
         self.sync_placeable()
         if any(not w.capacity.known for w in self.workers if not w.removed):
             await self.refresh_engine_info()
