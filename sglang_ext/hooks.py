@@ -343,16 +343,17 @@ def _after_prefill_pass(scheduler: Any, mgr: LeaseManager, batch: Any) -> None:
 
 
 def leased_first(waiting_queue: list, mgr: LeaseManager) -> None:
-    """Stable in-place reorder: requests whose session holds a hard lease go first.
+    """Requests whose session holds a hard lease go first, a request kept behind them longer than
+    ``max_priority_wait_s`` joins them in arrival order (``sglang_ext.queue_order``).
 
     SGLang admits in queue order and stops at the first request that does not fit; a
     session whose KV was evicted needs its whole history recomputed, and at the head it
     would stall every cheap continuation behind it. FCFS order holds within each group
     (SGLang's FCFS does not re-sort the queue; cache-aware policies re-sort it anyway).
     """
-    if len(waiting_queue) < 2 or not mgr.has_hard():
-        return
-    waiting_queue.sort(key=lambda req: 0 if mgr.holds_hard_lease(getattr(req, "session_id", None)) else 1)
+    mgr.waiting_order.reorder(
+        waiting_queue, mgr.table.clock, lambda req: mgr.holds_hard_lease(getattr(req, "session_id", None))
+    )
 
 
 @_guarded

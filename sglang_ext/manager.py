@@ -33,6 +33,7 @@ from .lease_table import (
     union_tokens,
 )
 from .metrics import LeaseMetrics
+from .queue_order import WaitingOrder
 from .settings import TTL_PARAM, SessionTTLSettings, parse_expectation, parse_ttl
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class LeaseManager:
         self.scheduler_ref: Any = None
         self.metrics_checked = False
         self.host = HostTier(self)
+        self.waiting_order = WaitingOrder(settings.max_priority_wait_s)
         self._refresh_gauges()
 
     # ------------------------------------------------------------------ numbers

@@ -58,6 +58,13 @@ class SessionTTLSettings(BaseModel):
         "whose history must be recomputed would block them at the head of the queue and "
         "force the pressure valve to release the leases they are about to use.",
     )
+    max_priority_wait_s: float = Field(
+        3.0,
+        ge=0.0,
+        description="With prefer_leased_requests: the most seconds (of the lease clock) an unleased "
+        "or recomputing request is kept behind leased ones; after that it goes in its arrival order, "
+        "so leased agents that keep returning cannot starve it (0 = arrival order for everyone).",
+    )
     tick_interval_s: float = Field(
         0.05,
         gt=0.0,

@@ -140,6 +140,14 @@ class AdmissionQueue:
         self._admit(ticket, None, None)
         return ticket
 
+    def next_deadline(self) -> float | None:
+        """When the head of the queue reaches ``max_wait`` (None: nobody waits, or no limit).
+        Whoever drives the queue must pump at this time, not at its next periodic pass, or the
+        wait overshoots ``max_wait`` by up to one period."""
+        if not self._queue or self.settings.max_wait <= 0:
+            return None
+        return self._queue[0].enqueued_at + self.settings.max_wait
+
     def pump(self) -> int:
         """Let waiters through from the head while they fit or have waited ``max_wait``;
         returns how many went. Call it when time passed or the resident sessions changed."""
@@ -197,8 +205,8 @@ class AdmissionGate(AdmissionQueue):
         await self.until_granted(self.offer(session_id, prompt_tokens, tokens))
 
     async def until_granted(self, ticket: AdmissionTicket) -> None:
-        """Wait for ``ticket``'s grant, pumping every ``poll_interval`` (``max_wait`` needs time
-        to pass); cancelling the wait cancels the ticket."""
+        """Wait for ``ticket``'s grant, pumping every ``poll_interval`` (leases expire) and at the
+        head's ``max_wait`` deadline exactly; cancelling the wait cancels the ticket."""
         if ticket.granted:
             return
         granted = asyncio.get_running_loop().create_future()
@@ -206,9 +214,17 @@ class AdmissionGate(AdmissionQueue):
         try:
             while ticket.waiting:
                 try:
-                    await asyncio.wait_for(asyncio.shield(granted), self.settings.poll_interval)
+                    await asyncio.wait_for(asyncio.shield(granted), self._next_wake_in())
                 except TimeoutError:
                     self.pump()
         except asyncio.CancelledError:
             self.cancel(ticket)  # still queued: it leaves; granted meanwhile: ungranted
             raise
+
+    def _next_wake_in(self) -> float:
+        """Seconds to the next pump: the poll interval, or less when the head's deadline is sooner."""
+        deadline = self.next_deadline()
+        wake = self.settings.poll_interval
+        if deadline is not None:
+            wake = min(wake, max(0.0, deadline - self._clock()))
+        return wake

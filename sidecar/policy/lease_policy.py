@@ -35,10 +35,11 @@ from prometheus_client import CollectorRegistry
 from sidecar.engine.capacity import EngineCapacity
 from sidecar.policy.admission import AdmissionGate, AdmissionTicket
 from sidecar.policy.base import LeaseRequest, TurnEnd
+from sidecar.policy.final_answers import ENDS_BELOW, FinalAnswerStats, with_chance_of_return
 from sidecar.policy.lifecycle import ClosedSessions, SessionRecord, SessionRecords
 from sidecar.policy.metrics import PolicyMetrics
 from sidecar.policy.placement import WorkerRoom, choose_worker
-from sidecar.policy.predictor import ReturnTimePredictor, tool_keys
+from sidecar.policy.predictor import NO_TOOL, ReturnTimePredictor, tool_keys
 from sidecar.policy.settings import AdmissionSettings, PolicySettings
 from sidecar.policy.ttl import LeaseTtlRule
 
@@ -67,6 +68,7 @@ class LeasePolicy:
         self.clock = clock
         self.predictor = ReturnTimePredictor(policy)
         self.ttl_rule = LeaseTtlRule(policy)
+        self.final_answers = FinalAnswerStats(self.predictor.decay)
         self.idle_grace_s = idle_grace_s
         self.closed = ClosedSessions(max_sessions)
         self.sessions: SessionRecords | None = None  # the session store, once it binds itself
@@ -232,17 +234,27 @@ class LeasePolicy:
 
     def after_turn(self, session_id: str, now: float) -> LeaseRequest | None:
         """The lease and expected return counted from ``now``, now that the reply's tool calls
-        (or their absence: a final answer) are known; None = nothing to revise (not predictive).
+        (or their absence: a final answer, see ``_ends_session``) are known; None = nothing to
+        revise (not predictive).
         Nothing changes until the caller sends it and says so (``lease_revised``)."""
         state = self.sessions.record(session_id)
         if state is None or state.turn_ended_at is None or self.settings.mode != "predictive":
             return None
-        dist = self.predictor.distribution(state.turn_tools, state.gap_stats)
+        back = dist = self.predictor.distribution(state.turn_tools, state.gap_stats)
+        if self._is_final_answer(state):
+            p = self.final_answers.p_return(state.gap_stats.returns_after_final, self.settings.session_shrinkage)
+            if p < ENDS_BELOW:
+                return LeaseRequest(self.settings.final_answer_ttl, None, None)
+            dist = with_chance_of_return(back, p)  # the TTL weighs the chance that it ends here
         elapsed = max(0.0, now - state.turn_ended_at)
         ttl = self.ttl_rule.ttl(dist, state.context_tokens, elapsed, self._resident_fraction(now))
         if ttl is None:
             return None
-        return LeaseRequest(ttl, *expected_return(dist, elapsed))
+        return LeaseRequest(ttl, *expected_return(back, elapsed))  # when it is back, if it comes back
+
+    def _is_final_answer(self, state: SessionRecord) -> bool:
+        """The reply ended without tool calls (see ``sidecar.policy.final_answers``)."""
+        return self.settings.final_answer_ttl > 0 and state.turn_tools == (NO_TOOL,)
 
     def lease_revised(self, session_id: str, lease: LeaseRequest, now: float) -> None:
         """``lease`` (from ``after_turn``) went to the engine: the session's lease runs from now."""
@@ -343,6 +355,8 @@ class LeasePolicy:
         self.predictor.observe(
             state.turn_tools, gap, state.gap_stats, state.context_tokens, count_mix=not reopened
         )
+        if state.turn_tools == (NO_TOOL,):
+            self.final_answers.returned(retracted_end=reopened)
         self.metrics.gap_observed(gap, state.predicted_gap_s)
         expires = state.lease_expires_at
         if reopened:
@@ -361,6 +375,8 @@ class LeasePolicy:
         if state.turn_ended_at is not None:
             if state.censored is None:
                 state.censored = self.predictor.observe_censored(state.turn_tools, state.context_tokens)
+                if state.turn_tools == (NO_TOOL,):
+                    self.final_answers.ended()
             if state.lease_expires_at is not None:
                 held = state.context_tokens * max(0.0, min(now, state.lease_expires_at) - state.turn_ended_at)
                 self.metrics.lease_outcome("unused", held)

@@ -7,7 +7,8 @@ Model (hierarchical, in log time):
            shrunk toward the global distribution with ``tool_shrinkage`` pseudo-observations;
 * session: a speed factor, exp(mean log(actual / tool median)) over the session's gaps, shrunk
            toward 1 with ``session_shrinkage`` pseudo-observations; it stretches the tool's
-           distribution in time. Tool histograms learn the de-stretched gaps.
+           distribution in time. Tool histograms learn the de-stretched gaps. Gaps after final
+           answers (no tool: a person reads) have a factor of their own.
 A reply that asks for several tools is predicted by its slowest tool (largest median). Before the
 reply is known (the lease is sent with the request), the prediction is the mixture of tool
 distributions weighted by how often replies at this context size (one class per doubling) asked
@@ -82,10 +83,32 @@ class CensoredMark:
 
 @dataclass
 class SessionGapStats:
-    """What the predictor knows about one session (kept in the session table)."""
+    """What the predictor knows about one session (kept in the session table).
 
-    log_shift_sum: float = 0.0  # decayed sum of log(actual gap / tool median)
+    Returns after a final answer (a reply without tool calls) are paced by a person reading it,
+    returns after tool calls by the tools: each kind has its own speed factor, so a slow reader
+    does not stretch the session's tool gaps, nor quick tools its reading times."""
+
+    log_shift_sum: float = 0.0  # decayed sum of log(actual gap / tool median), after tool calls
     shift_weight: float = 0.0  # decayed number of those
+    final_log_shift_sum: float = 0.0  # the same after final answers
+    final_shift_weight: float = 0.0
+    returns_after_final: int = 0  # times this session came back after a final answer
+
+    def shift(self, final_answer: bool) -> tuple[float, float]:
+        """(decayed log-shift sum, weight) of the kind of reply."""
+        if final_answer:
+            return self.final_log_shift_sum, self.final_shift_weight
+        return self.log_shift_sum, self.shift_weight
+
+    def learn_shift(self, final_answer: bool, residual: float, decay: float) -> None:
+        if final_answer:
+            self.final_log_shift_sum = self.final_log_shift_sum * decay + residual
+            self.final_shift_weight = self.final_shift_weight * decay + 1.0
+            self.returns_after_final += 1
+        else:
+            self.log_shift_sum = self.log_shift_sum * decay + residual
+            self.shift_weight = self.shift_weight * decay + 1.0
 
 
 class ReturnTimePredictor:
@@ -94,6 +117,7 @@ class ReturnTimePredictor:
         self.grid = grid or LogTimeGrid(min_s=0.01, horizon_s=settings.horizon_s)
         self.decay = 0.5 ** (1.0 / settings.half_life_obs)
         self._prior = self.grid.lognormal_pmf(settings.prior_median_s, settings.prior_sigma)
+        self._final_answer_prior = self.grid.lognormal_pmf(settings.final_answer_prior_median_s, settings.prior_sigma)
         self._never = np.zeros(self.grid.size)  # one observation "not back within the horizon"
         self._never[self.grid.overflow] = 1.0
         self._never.flags.writeable = False
@@ -112,7 +136,7 @@ class ReturnTimePredictor:
         """Gap after a reply that asked for ``tool_names`` ([] = no tool)."""
         self.settle()
         key = self._dominant_key(tool_keys(tool_names))
-        return GapDistribution(self.grid, self._key_pmf(key), self._scale(session))
+        return GapDistribution(self.grid, self._key_pmf(key), self._scale(session, key == NO_TOOL))
 
     def next_reply_distribution(
         self, session: SessionGapStats | None = None, context_tokens: int | None = None
@@ -146,10 +170,13 @@ class ReturnTimePredictor:
         self.settle()
         return self._scale(session)
 
-    def _scale(self, session: SessionGapStats | None) -> float:
-        if session is None or session.shift_weight <= 0:
+    def _scale(self, session: SessionGapStats | None, final_answer: bool = False) -> float:
+        if session is None:
             return 1.0
-        shift = session.log_shift_sum / (session.shift_weight + self.settings.session_shrinkage)
+        log_sum, weight = session.shift(final_answer)
+        if weight <= 0:
+            return 1.0
+        shift = log_sum / (weight + self.settings.session_shrinkage)
         return float(min(max(math.exp(shift), 1 / MAX_SESSION_SCALE), MAX_SESSION_SCALE))
 
     def known_tools(self) -> list[str]:
@@ -181,15 +208,14 @@ class ReturnTimePredictor:
 
     def _observe_now(self, keys, gap_s, session, context_tokens, count_mix) -> None:
         dominant = self._dominant_key(keys)
-        scale = self._scale(session)
+        final_answer = dominant == NO_TOOL
+        scale = self._scale(session, final_answer)
         base_gap = max(gap_s, 0.0) / scale
         if session is not None:
             median = GapDistribution(self.grid, self._key_pmf(dominant)).median()
             if math.isfinite(median) and median > 0:
                 clamped = min(max(gap_s, self.grid.min_s), self.grid.horizon_s)
-                residual = math.log(clamped / median)
-                session.log_shift_sum = session.log_shift_sum * self.decay + residual
-                session.shift_weight = session.shift_weight * self.decay + 1.0
+                session.learn_shift(final_answer, math.log(clamped / median), self.decay)
         onehot = np.zeros(self.grid.size)
         onehot[self.grid.bin_of(base_gap)] = 1.0
         self._learn(keys, dominant, onehot, context_tokens, count_mix)
@@ -258,7 +284,9 @@ class ReturnTimePredictor:
         return (self._global.counts + k0 * self._prior) / (total + k0)
 
     def _key_pmf(self, key: str, global_pmf: np.ndarray | None = None) -> np.ndarray:
-        if global_pmf is None:
+        if key == NO_TOOL:  # a person reads a final answer: human-paced, not like the tools
+            global_pmf = self._final_answer_prior
+        elif global_pmf is None:
             global_pmf = self._global_pmf()
         hist = self._tools.get(key)
         if hist is None:

@@ -30,6 +30,13 @@ class PolicySettings(BaseModel):
         0.5, ge=0, description="Shortest lease (s) in mode=predictive, given even when holding does not pay."
     )
     max_ttl: float = Field(600.0, gt=0, description="Longest lease (s) in mode=predictive.")
+    final_answer_ttl: float = Field(
+        2.0,
+        ge=0,
+        description="Lease (s) after a reply without tool calls (a final answer) in mode=predictive when a return "
+        "is unlikely: the session never came back after one and most sessions ended after theirs (see "
+        "sidecar.policy.final_answers; 0 = predict it like any reply).",
+    )
     recompute_s_per_token: float = Field(
         5e-5, gt=0, description="Engine seconds to prefill one context token (1 / prefill throughput)."
     )
@@ -50,6 +57,12 @@ class PolicySettings(BaseModel):
     # --- return-time predictor ---
     prior_median_s: float = Field(
         2.0, gt=0, description="Median of the log-normal prior gap before anything is learned (s)."
+    )
+    final_answer_prior_median_s: float = Field(
+        15.0,
+        gt=0,
+        description="Prior median gap (s) after a final answer (a reply without tool calls): a person reads it "
+        "and writes again, so it is not learned from the tools' gaps (spread: prior_sigma).",
     )
     prior_sigma: float = Field(1.5, gt=0, description="Log-space spread of the prior gap distribution.")
     prior_weight: float = Field(

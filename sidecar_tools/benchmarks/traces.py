@@ -92,6 +92,35 @@ class Trace(BaseModel):
         meta = {**self.meta, "tool_wait_override_s": seconds}
         return self.model_copy(update={"sessions": sessions, "meta": meta})
 
+    def with_start_spacing(self, seconds: float) -> "Trace":
+        """Copy whose session ``i`` starts at ``i * seconds`` (0: all at once) instead of its recorded start."""
+        if seconds < 0:
+            raise ValueError(f"start spacing must be >= 0, got {seconds}")
+        sessions = [s.model_copy(update={"start_s": i * seconds}) for i, s in enumerate(self.sessions)]
+        return self.model_copy(update={"sessions": sessions, "meta": {**self.meta, "start_spacing_override_s": seconds}})
+
+    def replicated(self, copies: int, offset_s: float = 0.0) -> "Trace":
+        """``copies`` copies of every session, copy ``k`` starting ``k * offset_s`` after the original
+        (its recorded start plus the offset). Copy 0 keeps the ids; copy ``k`` >= 1 is ``<id>~r<k>``, so
+        its prompts are its own (the replay derives token ids from the session id); the trace's shared
+        prefix stays shared. Sessions are listed copy by copy."""
+        if copies < 1:
+            raise ValueError(f"copies must be >= 1, got {copies}")
+        if offset_s < 0:
+            raise ValueError(f"replica offset must be >= 0, got {offset_s}")
+        if copies == 1:
+            return self
+        sessions = [
+            s.model_copy(update={"session_id": s.session_id if k == 0 else f"{s.session_id}~r{k}",
+                                 "start_s": s.start_s + k * offset_s})
+            for k in range(copies) for s in self.sessions
+        ]
+        ids = [s.session_id for s in sessions]
+        if len(set(ids)) != len(ids):
+            raise ValueError("replicated session ids collide (a session id already ends in ~r<k>)")
+        meta = {**self.meta, "replicated": {"copies": copies, "offset_s": offset_s}}
+        return self.model_copy(update={"sessions": sessions, "meta": meta})
+
     def head(self, n_sessions: int | None = None, n_rounds: int | None = None) -> "Trace":
         """Copy limited to the first sessions / rounds (quick runs)."""
         sessions = self.sessions[:n_sessions] if n_sessions else self.sessions

@@ -97,6 +97,12 @@ def _command_line(ctx: click.Context) -> str:
 @click.option("--sessions", type=int, default=None, help="Only the first N sessions / N sessions.")
 @click.option("--turns", type=int, default=None, help="Only the first N rounds / N rounds per session.")
 @click.option("--tool-wait", type=float, default=None, help="Fixed tool gap in s (default: the trace's).")
+@click.option("--start-spacing", type=float, default=None,
+              help="Session i starts at i x S s instead of its recorded start (0: all at once); before --replicate.")
+@click.option("--replicate", type=int, default=1, show_default=True,
+              help="Run N copies of every session (copy k: id <id>~r<k>, its own prompts).")
+@click.option("--replicate-offset", type=float, default=0.0, show_default=True,
+              help="Copy k starts k x S s after the original session's start.")
 @click.option("--kv-tokens", type=int, default=173_200, help="KV pool size in tokens (--max-total-tokens).")
 @click.option("--policy", default="lru",
               help="--radix-eviction-policy: lru, lfu, fifo, mru, filo, priority, slru, tlru, session_ttl (plugin).")
@@ -228,6 +234,12 @@ def _replay(ctx: click.Context, kw: dict[str, Any], policy_config: dict[str, Any
         raise click.UsageError("--lease-ttl is the client's lease without a sidecar; with --sidecar-policy the sidecar decides")
     trace = load_trace(kw["trace_path"], kw["synthetic"], kw["seed"], kw["sessions"], kw["turns"], kw["tool_wait"])
     try:
+        if kw["start_spacing"] is not None:
+            trace = trace.with_start_spacing(kw["start_spacing"])
+        trace = trace.replicated(kw["replicate"], kw["replicate_offset"])
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    try:
         engine = _engine(kw, policy_config)
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from None
@@ -271,6 +283,7 @@ def _replay(ctx: click.Context, kw: dict[str, Any], policy_config: dict[str, Any
         "radix_eviction_policy_config": policy_config, "session_radix_cache": engine.session_radix_cache,
         "chunked_prefill_size": engine.chunked_prefill_size,
         "max_prefill_tokens": engine.max_prefill_tokens, "sidecar": sidecar_info,
+        "start_spacing_s": kw["start_spacing"], "replicate": kw["replicate"], "replicate_offset_s": kw["replicate_offset"],
     })
     if engine.host_tier is not None:
         run["config"]["hicache"] = {**engine.hicache_server_args(), "host_pool_tokens": engine.host_pool_tokens(),

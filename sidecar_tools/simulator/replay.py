@@ -346,7 +346,9 @@ class VirtualReplay:
             if self.sidecar.waiting():
                 self._schedule_poll()
 
-        self._at(self.clock_now + self.sidecar.poll_interval(), poll)
+        wake = self.clock_now + self.sidecar.poll_interval()
+        deadline = self.sidecar.gate.next_deadline()  # the head's max_wait: exactly then, not at the next poll
+        self._at(wake if deadline is None else max(self.clock_now, min(wake, deadline)), poll)
 
     # ------------------------------------------------------------------ report
     def _run_dict(self, makespan: float, timed_out: bool, wall_s: float) -> dict[str, Any]:

@@ -191,3 +191,28 @@ def test_without_reordering_the_recompute_blocks_and_costs_a_lease(kit, plugin, 
         kit, plugin, make_engine, requests, False)
     assert admit_step(engine) == 0
     assert mgr.metrics.get("pressure_releases", stage="prefill") == 1 and len(mgr.table) == 1
+
+
+def test_an_unleased_request_waits_behind_leased_ones_only_max_priority_wait_s(
+        kit, plugin, make_engine, requests):
+    """Aging: the recompute goes behind the continuation at first, and back to its arrival place
+    (the head) once it has waited max_priority_wait_s of the lease clock; without aging a steady
+    stream of leased continuations would keep it at the tail for ever."""
+    engine = make_engine(400, max_leased_fraction=0.9, max_priority_wait_s=2.0)
+    mgr = plugin.manager_of(engine.cache)
+    mgr.on_tick(10.0)
+    kit.finish(engine.cache, "A", toks(1000, 150), toks(1900, 10), ttl=100)
+    recompute = requests(toks(7000, 100), 10, "C")
+    continuation = requests(toks(1000, 150) + toks(1900, 10) + toks(3000, 20), 10, "A")
+    engine.submit(recompute)
+    engine.submit(continuation)
+    queue = engine.waiting_queue
+    order = lambda: [r.rid for r in queue]  # noqa: E731
+    plugin.leased_first(queue, mgr)
+    assert order() == [continuation.rid, recompute.rid]
+    mgr.on_tick(11.9)
+    plugin.leased_first(queue, mgr)
+    assert order() == [continuation.rid, recompute.rid]
+    mgr.on_tick(12.0)
+    plugin.leased_first(queue, mgr)
+    assert order() == [recompute.rid, continuation.rid]  # arrival order again

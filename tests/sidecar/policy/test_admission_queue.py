@@ -143,3 +143,13 @@ def test_policy_offers_admission_without_an_event_loop():
     policy.release_admission("a")
     policy.sessions.forget(policy.sessions.get("a"), "client")  # the policy pumps when residents change
     assert waiter.granted and started == ["a", "a2", "b"]
+
+
+def test_next_deadline_is_the_heads_max_wait():
+    clock, r = FakeClock(), Residents()
+    q = queue(clock, r, max_wait=30.0)
+    assert q.next_deadline() is None
+    q.offer("resident", 9_000, 9_000)
+    clock.advance(2.0)
+    q.offer("waiter", 5_000, 5_000)
+    assert q.next_deadline() == pytest.approx(clock() + 30.0)

@@ -166,3 +166,16 @@ async def test_many_concurrent_sessions_all_finish():
 
     await asyncio.wait_for(asyncio.gather(*(session(i) for i in range(50))), 5)
     assert policy.gate.queue_length == 0
+
+
+async def test_max_wait_is_kept_to_the_deadline_not_to_the_next_poll():
+    """A waiter is let through at max_wait itself: before, the deadline was only looked at on
+    the periodic pass, so a wait could run a whole poll interval past max_wait."""
+    import time
+
+    policy = gated(time.monotonic, max_wait=0.2, poll_interval=5.0)
+    await admit(policy, "resident", 9_000)
+    started = time.monotonic()
+    await asyncio.wait_for(admit(policy, "waiter", 5_000), 2)  # never fits: only max_wait lets it in
+    waited = time.monotonic() - started
+    assert 0.19 <= waited <= 0.2 + 0.1, waited

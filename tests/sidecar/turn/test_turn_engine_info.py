@@ -107,3 +107,26 @@ async def test_without_the_plugin_no_revision_is_sent(
     double = await _after_turn_run(aiohttp_client, make_sglang_double, qwen3_tokenizer, qwen3_tokenizer_dir, "lru")
     await asyncio.sleep(0.2)
     assert double.internal_state_updates == []  # SGLang would refuse the plugin's keys
+
+
+async def test_a_final_answer_shortens_the_lease_in_the_plugin_when_sessions_end_there(
+    aiohttp_client, make_sglang_double, qwen3_tokenizer, qwen3_tokenizer_dir
+):
+    """The reply called no tool (a final answer) and sessions have been ending after theirs: the
+    after-turn channel replaces the request's predicted lease by the short end-of-session one."""
+    double = await make_sglang_double(policy="session_ttl")
+    double.responder = scripted_responder(qwen3_tokenizer.encode("All done.", add_special_tokens=False) + [IM_END_ID])
+    client = await _sidecar(aiohttp_client, double.url, qwen3_tokenizer, qwen3_tokenizer_dir, policy={"mode": "predictive"})
+    policy = client.app[keys.POLICY]
+    for _ in range(40):  # learned: tools come back in 30 s, final answers end their sessions
+        policy.predictor.observe(["slow_tool"], 30.0, None, 100)
+        policy.final_answers.ended()
+    resp = await client.post("/v1/chat/completions", json=_ask("go", "agent-2", tools=TOOLS, max_tokens=64))
+    assert resp.status == 200 and not (await resp.json())["choices"][0]["message"].get("tool_calls")
+    assert double.requests[0]["sampling_params"]["custom_params"]["session_lease_ttl_s"] > 10.0
+    for _ in range(50):
+        if double.internal_state_updates:
+            break
+        await asyncio.sleep(0.02)
+    (update,) = double.internal_state_updates
+    assert update["server_args"]["sglang_ext:ttl:agent-2"] == policy.settings.final_answer_ttl

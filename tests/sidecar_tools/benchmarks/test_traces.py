@@ -85,3 +85,29 @@ def test_called_tools_come_from_the_recorded_names_else_the_reply():
     assert Round(append_tokens=1, output_tokens=1, reply=reply).called_tools() == ["run_tests"]
     assert Round(append_tokens=1, output_tokens=1, reply={"role": "assistant", "content": "hi"}).called_tools() == []
     assert Round(append_tokens=1, output_tokens=1).called_tools() is None
+
+
+def _two_sessions() -> Trace:
+    rounds = [Round(append_tokens=100, output_tokens=10, tool_wait_s=1.0), Round(append_tokens=20, output_tokens=5)]
+    return Trace(name="t", shared_prefix_tokens=50, sessions=[Session(session_id="a", start_s=0.0, rounds=rounds),
+                                                              Session(session_id="b", start_s=40.0, rounds=rounds)])
+
+
+def test_replicated_copies_start_offset_later_with_their_own_ids():
+    trace = _two_sessions().replicated(3, 5.0)
+    assert [s.session_id for s in trace.sessions] == ["a", "b", "a~r1", "b~r1", "a~r2", "b~r2"]
+    assert [s.start_s for s in trace.sessions] == [0.0, 40.0, 5.0, 45.0, 10.0, 50.0]
+    assert all(s.rounds == trace.sessions[0].rounds for s in trace.sessions)
+    assert trace.shared_prefix_tokens == 50 and trace.meta["replicated"] == {"copies": 3, "offset_s": 5.0}
+    assert sum(s.final_context_tokens() for s in trace.sessions) == 3 * 2 * 135
+    assert _two_sessions().replicated(1, 9.0) == _two_sessions()
+    with pytest.raises(ValueError):
+        _two_sessions().replicated(0)
+    with pytest.raises(ValueError):
+        _two_sessions().replicated(2, -1.0)
+
+
+def test_with_start_spacing_replaces_the_recorded_starts():
+    trace = _two_sessions().with_start_spacing(2.0)
+    assert [s.start_s for s in trace.sessions] == [0.0, 2.0] and trace.meta["start_spacing_override_s"] == 2.0
+    assert [s.start_s for s in _two_sessions().with_start_spacing(0).replicated(2, 0.5).sessions] == [0, 0, 0.5, 0.5]

@@ -40,3 +40,28 @@ def test_a_session_that_arrives_at_a_full_client_waits_from_its_start(cost):
     last_of_late = max(r.end_s for r in records if r.session == "late")
     assert first["later"].send_s == pytest.approx(last_of_late)
     assert first["later"].client_wait_s == pytest.approx(last_of_late - 50.5)
+
+
+def test_cli_replicates_sessions_with_start_offsets(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from sidecar.cli import main
+    from sidecar_tools.benchmarks.traces import save_jsonl
+
+    save_jsonl(_trace(), tmp_path / "t.jsonl")
+    result = CliRunner().invoke(main, [
+        "simulate", "--trace", str(tmp_path / "t.jsonl"), "--start-spacing", "10", "--replicate", "2",
+        "--replicate-offset", "3", "--kv-tokens", "50000", "--name", "rep", "--out", str(tmp_path)],
+        catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    run = json.loads((tmp_path / "rep.json").read_text())
+    assert run["summary"]["turns_ok"] == 12 and run["summary"]["sessions"] == 6
+    assert run["config"]["replicate"] == 2 and run["config"]["replicate_offset_s"] == 3.0
+    assert run["trace"]["meta"]["replicated"] == {"copies": 2, "offset_s": 3.0}
+    assert "--replicate 2 --replicate-offset 3.0" in run["command"]
+    rows = (tmp_path / "rep-turns.csv").read_text().splitlines()[1:]
+    first = {r.split(",")[0]: float(r.split(",")[2]) for r in rows if r.split(",")[1] == "0"}
+    # recorded starts 50 / 0 / 50.5 become 0 / 10 / 20; the copy starts 3 s after each
+    assert first == {"late": 0.0, "early": 10.0, "later": 20.0, "late~r1": 3.0, "early~r1": 13.0, "later~r1": 23.0}
