@@ -148,6 +148,10 @@ class WorkerRoute:
                 if received or attempt:
                     raise
 
+    async def abort(self, rid: str) -> None:
+        """To the worker itself: smg does not know which of its workers runs ``rid``."""
+        await self.worker.client.abort(rid)
+
 
 def _worker_gone(err: APIError) -> bool:
     return err.code in _WORKER_GONE_CODES or err.status in (502, 503)

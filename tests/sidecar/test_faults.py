@@ -23,6 +23,7 @@ import pytest
 from sidecar_tools.simulator.http_contract import parse_sse
 from sidecar_tools.simulator.replies import IM_END_ID, scripted_responder
 
+from sidecar.engine.capacity import EngineCapacity
 from sidecar.server import keys
 from sidecar.server.app import create_app
 from sidecar.settings import load_settings
@@ -400,7 +401,9 @@ async def test_hang_ups_never_leak_admission_capacity(make_sidecar, sglang_doubl
     sglang_double.token_delay = 0.02
     big = "word " * 200
     for i in range(3):
-        client.app[keys.POLICY].gate.capacity_tokens = 250  # one session fills the budget
+        # one session fills the budget (as if the worker reported 250 KV tokens; re-set each round:
+        # the engine-info refresh reports the real pool again)
+        client.app[keys.POLICY].set_capacity(EngineCapacity(max_total_num_tokens=250))
         resp = await stream_until_content(client, {"messages": [{"role": "user", "content": f"{i} {big}"}], "max_tokens": 200})
         # A second new session must queue behind the running one ...
         queued = asyncio.ensure_future(
