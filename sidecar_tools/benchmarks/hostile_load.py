@@ -40,6 +40,7 @@ import click
 
 from sidecar_tools.benchmarks.load_test import (
     HOST,
+    LOAD_MODEL,
     REPO_ROOT,
     Agents,
     LoadConfig,
@@ -70,7 +71,7 @@ def prompt_text(n_bytes: int, seed: int) -> str:
 
 
 def chat_body(text: str) -> bytes:
-    return json.dumps({"model": "hostile", "messages": [{"role": "user", "content": text}], "max_tokens": 16}).encode()
+    return json.dumps({"model": LOAD_MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 16}).encode()
 
 
 async def attack(url: str, body: bytes, gzipped: bool, name: str, out: list[dict]) -> None:
@@ -159,7 +160,7 @@ async def run(cfg: dict[str, Any], tokenizer_dir: str, log) -> dict[str, Any]:
         await _wait_http(engine_url + "/health", engine, timeout=180)
         sidecar = Proc("sidecar", [sys.executable, "-m", "sidecar", "serve", "--config", PRESET, "--sglang-url", engine_url,
                                    "--host", HOST, "--port", str(sidecar_port), "--tokenizer", tokenizer_dir,
-                                   "--log-level", "warning"], None)
+                                   "--model-name", LOAD_MODEL, "--log-level", "warning"], None)
         procs.append(sidecar)
         url = f"http://{HOST}:{sidecar_port}"
         await _wait_http(url + "/health", sidecar, timeout=180)
