@@ -4,8 +4,9 @@ Rule: the session at the head of the queue may start when
     projected tokens of the resident sessions + its own projected tokens <= headroom * capacity,
 or when nothing is resident (a lone session always runs, so the gate cannot deadlock), or when it
 has waited ``max_wait`` seconds (if > 0; SGLang's own eviction then has the last word).
-What "projected tokens" means (turns ahead, idle sessions' weight) is the caller's
-``resident`` callback; LeasePolicy's is documented in ``sidecar.policy.lease_policy``.
+The rule itself lives in one place, the ``Placement`` (``sidecar.policy.placement``: one pool, or
+the worker with most room); what "projected tokens" means (turns ahead, idle sessions' weight) is
+LeasePolicy's, documented in ``sidecar.policy.lease_policy``.
 Nobody overtakes the head. A full queue raises AdmissionRejected (the caller answers 429 with
 Retry-After). Only new sessions' first requests come here; the caller lets the others through.
 
@@ -27,12 +28,10 @@ from sidecar.policy.base import AdmissionRejected
 from sidecar.policy.settings import AdmissionSettings
 
 # (projected tokens of the resident sessions, number of resident sessions)
-ResidentProjection = Callable[[], tuple[float, int]]
-
-
 class Placement(Protocol):
-    """Several workers: a session fits when some worker has room (``choose``), and a grant
-    places it there (``assign``). Without one the queue admits against one pool."""
+    """Where a session of ``tokens`` projected tokens fits (``choose``: a worker, or None when it
+    fits nowhere; ``force``: the roomiest anyway), and where a grant puts it (``assign``).
+    ``placement.OnePool`` is the single-pool case."""
 
     def choose(self, tokens: float, force: bool = False) -> str | None: ...
 
@@ -67,18 +66,14 @@ class AdmissionQueue:
     def __init__(
         self,
         settings: AdmissionSettings,
-        capacity_tokens: int,
-        resident: ResidentProjection,
+        placement: Placement,
         grant: Callable[[str, int], None],  # (session id, prompt tokens): it runs from now on
         ungrant: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
         metrics=None,
-        placement: Placement | None = None,
     ):
         self.settings = settings
         self.placement = placement
-        self.capacity_tokens = capacity_tokens
-        self._resident = resident
         self._grant = grant
         self._ungrant = ungrant
         self._clock = clock
@@ -89,22 +84,6 @@ class AdmissionQueue:
     @property
     def queue_length(self) -> int:
         return len(self._queue)
-
-    @property
-    def budget_tokens(self) -> float:
-        return self.settings.headroom * self.capacity_tokens
-
-    def fits(self, tokens: float) -> bool:
-        """Would a session of ``tokens`` projected tokens fit next to the resident ones now (on
-        some worker, with a placement)?"""
-        if self.placement is not None:
-            return self.placement.choose(tokens) is not None
-        if self.capacity_tokens <= 0:
-            return True
-        resident_tokens, resident_sessions = self._resident()
-        if resident_sessions == 0:
-            return True
-        return resident_tokens + tokens <= self.budget_tokens
 
     def retry_after_s(self) -> float:
         """Retry-After for a rejected session: the recent mean wait, at least the setting."""
@@ -120,8 +99,9 @@ class AdmissionQueue:
         """A new session (``tokens`` projected) asks to start: granted now when nobody waits and
         it fits, else queued (granted by a later ``pump``); AdmissionRejected if the queue is full."""
         ticket = AdmissionTicket(session_id, prompt_tokens, tokens, on_grant=on_grant)
-        if not self._queue and self.fits(tokens):
-            self._admit(ticket, "immediate", 0.0)
+        worker = None if self._queue else self.placement.choose(tokens)
+        if worker is not None:
+            self._admit(ticket, "immediate", 0.0, worker)
             return ticket
         if len(self._queue) >= self.settings.max_queue:
             self._record("rejected", None)
@@ -137,7 +117,7 @@ class AdmissionQueue:
         """A request the gate does not hold (a continuing session, admission off): granted now,
         not counted as an admission decision."""
         ticket = AdmissionTicket(session_id, prompt_tokens, prompt_tokens, on_grant=on_grant)
-        self._admit(ticket, None, None)
+        self._admit(ticket, None, None, None)
         return ticket
 
     def next_deadline(self) -> float | None:
@@ -157,11 +137,14 @@ class AdmissionQueue:
             head = self._queue[0]
             waited = now - head.enqueued_at
             timed_out = self.settings.max_wait > 0 and waited >= self.settings.max_wait
-            fits = self.fits(head.tokens)
-            if not (fits or timed_out):
+            worker = self.placement.choose(head.tokens)
+            if worker is None and not timed_out:
                 break
             self._queue.popleft()
-            self._admit(head, "queued" if fits else "timeout", waited)
+            if worker is not None:
+                self._admit(head, "queued", waited, worker)
+            else:  # waited long enough: the roomiest worker (SGLang's eviction has the last word)
+                self._admit(head, "timeout", waited, self.placement.choose(head.tokens, force=True))
             granted += 1
         return granted
 
@@ -178,11 +161,9 @@ class AdmissionQueue:
             self._record("cancelled", None)
             self.pump()
 
-    def _admit(self, ticket: AdmissionTicket, decision: str | None, waited: float | None) -> None:
-        if decision is not None and self.placement is not None:  # a gated session: place it now
-            worker = self.placement.choose(ticket.tokens, force=True)
-            if worker is not None:
-                self.placement.assign(ticket.session_id, worker)
+    def _admit(self, ticket: AdmissionTicket, decision: str | None, waited: float | None, worker: str | None) -> None:
+        if worker is not None:  # a gated session starts on the worker it fits (or was forced onto)
+            self.placement.assign(ticket.session_id, worker)
         self._grant(ticket.session_id, ticket.prompt_tokens)
         ticket.state = "granted"
         if decision is not None:

@@ -7,8 +7,8 @@ It keeps no session table: each session's record lives in the session store, whi
 and periodically the store's close_due(now): sessions_to_close(now) -> forget -> on_session_closed.
 All times are the injectable clock's (time.monotonic by default), like TurnEnd.finished_at.
 
-What the admission gate counts (``AdmissionGate.fits``: sum <= headroom x KV pool). A session's
-projection is its context + growth x turns ahead, where
+What the admission gate counts (``placement.WorkerRoom.fits``, per worker: sum <= headroom x KV
+pool). A session's projection is its context + growth x turns ahead, where
     turns ahead = projection_horizon_s / cycle   (cycle: learned time from one request of a session
                                                   to its next = service + tool gap; so agents with
                                                   long tool gaps project fewer turns per horizon)
@@ -61,7 +61,6 @@ class LeasePolicy:
     ):
         self.settings = policy
         self.admission_settings = admission
-        self.capacity = capacity
         # each worker's capacity, by name (its URL); the ones new sessions may be placed on
         self.capacities: dict[str, EngineCapacity] = {worker: capacity}
         self.placeable: set[str] = {worker}
@@ -80,14 +79,18 @@ class LeasePolicy:
         self.cycle_s: float | None = None
         self.gate = AdmissionGate(
             admission,
-            capacity.hierarchy_tokens,
-            resident=lambda: self._resident_summary(self.clock())[1:],
+            placement=self,
             grant=self._start_request,
             ungrant=self.release_admission,
             clock=clock,
             metrics=self.metrics,
-            placement=self,
         )
+
+    @property
+    def capacity(self) -> EngineCapacity:
+        """The first worker's capacity: with one worker, the engine's (the pressure term and the
+        host-tier projection read it)."""
+        return next(iter(self.capacities.values()))
 
     def bind(self, sessions: SessionRecords) -> None:
         """The records this policy decides on: the session store's (it calls this itself)."""
@@ -270,9 +273,6 @@ class LeasePolicy:
         if worker not in self.capacities:
             self.placeable.add(worker)
         self.capacities[worker] = capacity
-        if len(self.capacities) == 1 or worker == next(iter(self.capacities)):
-            self.capacity = capacity
-            self.gate.capacity_tokens = capacity.hierarchy_tokens
         self.gate.pump()
 
     # ------------------------------------------------------------------ placement (several workers)

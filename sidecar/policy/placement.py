@@ -8,6 +8,7 @@ re-homes it, with a full recompute on the new worker).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -42,3 +43,19 @@ def choose_worker(rooms: list[WorkerRoom], tokens: float, force: bool = False) -
     order = {r.worker: i for i, r in enumerate(known)}
     best = max(candidates, key=lambda r: (r.free_tokens if r.budget_tokens > 0 else 0.0, -r.sessions, -order[r.worker]))
     return best.worker
+
+
+class OnePool:
+    """The placement of a single KV pool (one worker, or a caller that keeps no workers): the same
+    fit rule as ``WorkerRoom.fits``, over ``resident()`` = (projected tokens, sessions)."""
+
+    def __init__(self, budget_tokens: Callable[[], float], resident: Callable[[], tuple[float, int]]):
+        self.budget_tokens = budget_tokens
+        self.resident = resident
+
+    def choose(self, tokens: float, force: bool = False) -> str | None:
+        projected, sessions = self.resident()
+        return choose_worker([WorkerRoom("", self.budget_tokens(), projected, sessions)], tokens, force)
+
+    def assign(self, session_id: str, worker: str) -> None:
+        """One pool: nothing to record."""

@@ -395,7 +395,7 @@ async def test_hanging_up_a_continued_leased_turn_keeps_the_last_good_state(make
 async def test_hang_ups_never_leak_admission_capacity(make_sidecar, sglang_double):
     """A held slot would make the gate count a phantom resident session and queue everyone after it."""
     client = await make_sidecar(admission={"enabled": True, "headroom": 0.5, "expected_growth_tokens": 10, "max_wait": 0})
-    capacity = client.app[keys.POLICY].gate.capacity_tokens
+    capacity = client.app[keys.POLICY].capacity.hierarchy_tokens
     assert capacity == sglang_double.max_total_num_tokens
     sglang_double.responder = scripted_responder(LONG)
     sglang_double.token_delay = 0.02

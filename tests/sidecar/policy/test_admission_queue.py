@@ -5,6 +5,7 @@ from policy_helpers import FakeClock, make_policy
 
 from sidecar.policy import AdmissionRejected, TurnEnd
 from sidecar.policy.admission import AdmissionQueue
+from sidecar.policy.placement import OnePool
 from sidecar.policy.settings import AdmissionSettings
 
 
@@ -34,8 +35,8 @@ class Residents:
 
 def queue(clock, residents, capacity=10_000, **settings):
     s = AdmissionSettings(**{"enabled": True, "headroom": 1.0, **settings})
-    return AdmissionQueue(s, capacity, residents.projection, residents.grant, residents.ungrant,
-                          clock=clock, metrics=residents)
+    return AdmissionQueue(s, OnePool(lambda: s.headroom * capacity, residents.projection), residents.grant,
+                          residents.ungrant, clock=clock, metrics=residents)
 
 
 def test_offer_grants_at_once_while_it_fits():
