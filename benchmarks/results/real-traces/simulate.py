@@ -51,6 +51,8 @@ ROWS = {
     "product": (PLUGIN + SIDECAR, "**product** (plugin + sidecar, predictive leases)"),
     "product-no-admission": (PLUGIN + SIDECAR + ["--no-admission"], "diagnostic: the product without its admission gate"),
     "product-leases-off": (PLUGIN + SIDECAR + ["--sidecar-policy", "off"], "diagnostic: the product with leases off"),
+    "product-no-aging": (["--policy", "session_ttl", "--policy-config", '{"max_leased_fraction": 0.8, "max_priority_wait_s": 1e9}']
+                         + SIDECAR, "diagnostic: the product without aging (leased requests first, unbounded)"),
     "unconstrained": (["--policy", "lru", "--kv-tokens", str(UNCONSTRAINED_KV)], "unconstrained limit (600,000 KV tokens)"),
 }
 HICACHE_ROWS = {
