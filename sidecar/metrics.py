@@ -103,6 +103,12 @@ class SidecarMetrics:
             "Tokens of history sent to a worker that does not hold them, because the session's worker was lost",
             registry=r,
         )
+        self.turns_served_elsewhere = Counter(
+            "sidecar_turns_served_elsewhere",
+            "Turns smg served on another worker than the session's, even after the sidecar re-read its "
+            "listing and sent them again; the session moves to that worker (counted in sessions_rehomed)",
+            registry=r,
+        )
         self.engine_up = Gauge(
             "sidecar_engine_up", "1 while every SGLang worker answers /health (probed every few seconds), else 0", registry=r
         )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable, Mapping
 from typing import Any, AsyncIterator
 
 import aiohttp
@@ -116,10 +117,15 @@ class EngineClient:
             return resp.status == 200
 
     async def generate_stream(
-        self, payload: dict[str, Any], headers: dict[str, str] | None = None
+        self,
+        payload: dict[str, Any],
+        headers: dict[str, str] | None = None,
+        on_response: Callable[[Mapping[str, str]], None] | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Yield SGLang's stream chunks (cumulative output_ids + meta_info) as they arrive;
         ``headers`` are added (smg's target-worker header, when the request goes through smg).
+        ``on_response`` sees the response headers before any chunk is read (smg names the worker
+        that took the request there); what it raises ends the stream.
 
         Past ``request_timeout`` it raises engine_timeout; SGLang may still be generating then.
         """
@@ -130,6 +136,8 @@ class EngineClient:
             headers={**self._json_headers, **headers} if headers else self._json_headers,
         )
         try:
+            if on_response is not None:
+                on_response(resp.headers)
             splitter = _LineSplitter()
             async for chunk in resp.content.iter_any():
                 for line in splitter.feed(chunk):

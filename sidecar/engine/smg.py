@@ -8,7 +8,9 @@ circuit closed: start it with that flag, as the listing shows health only), in i
 (``consistent_hashing`` and ``manual`` policies honour it; an index with no healthy worker is
 answered 503). So the header is computed from the latest listing; between a worker's death and the
 next listing the index may shift, which is why a failed request refreshes the listing at once.
-smg routes neither ``/close_session`` nor ``/set_internal_state``: those go to the worker's own URL.
+smg names the worker that took each request in the ``x-smg-routed-worker-id`` response header (its
+URL), before any output: the route checks it, so a shifted index is caught before that worker
+computes anything (``sidecar.engine.worker.WorkerRoute``). smg routes neither ``/close_session`` nor ``/set_internal_state``: those go to the worker's own URL.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 TARGET_WORKER_HEADER = "X-SMG-Target-Worker"
+ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"  # in smg's answer: the URL of the worker that took it
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from sidecar.engine.capacity import EngineCapacity
 from sidecar.engine.client import EngineClient
 from sidecar.engine.generate import after_turn_body
 from sidecar.engine.lease import LeaseRequest
-from sidecar.engine.smg import TARGET_WORKER_HEADER, SmgWorker, target_index
+from sidecar.engine.smg import ROUTED_WORKER_HEADER, TARGET_WORKER_HEADER, SmgWorker, target_index
 from sidecar.errors import APIError, engine_error, engine_unavailable
 
 log = logging.getLogger("sidecar.engine")
@@ -90,6 +90,7 @@ class SmgGateway:
     def __init__(self, client: EngineClient):
         self.client = client
         self.listing: list[SmgWorker] = []
+        self.worker_at: Callable[[str], Worker | None] = lambda url: None  # the Workers set it
 
     async def read_listing(self) -> list[SmgWorker]:
         from sidecar.engine.smg import parse_workers
@@ -107,13 +108,29 @@ class SmgGateway:
         return {TARGET_WORKER_HEADER: str(index)}
 
 
+class ServedElsewhere(Exception):
+    """smg's answer came from another worker than the one the target header meant."""
+
+    def __init__(self, url: str):
+        super().__init__(url)
+        self.url = url
+
+
 class WorkerRoute:
     """``generate_stream`` and ``abort`` for one worker (the relay's engine): the stream goes
-    through smg with the target header when smg fronts the workers, aborts to the worker itself.
-    A failure that means the worker is gone marks it down."""
+    through smg with the target header when smg fronts the workers, aborts to the worker that runs
+    the request. A failure that means the worker is gone marks it down.
+
+    Through smg the route checks, before reading any output, which worker smg says took the
+    request: another one means smg's available set shifted under the index since the last
+    listing, so the request is aborted there, the listing re-read and the request sent once more.
+    Should it land elsewhere again, it is served there and ``served_by`` names that worker: the
+    session's KV is there now, and the turn core moves it and counts the recompute."""
 
     def __init__(self, worker: Worker):
         self.worker = worker
+        self.served_by: str | None = None  # the worker smg served it on, when not ``worker``
+        self._rids: dict[str, str] = {}  # the rid a request was first sent with -> the one it runs under
 
     async def generate_stream(self, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         worker, gateway = self.worker, self.worker.gateway
@@ -128,29 +145,60 @@ class WorkerRoute:
             return
         received = False
         for attempt in range(2):
+            last = attempt == 1
             try:
-                async for chunk in gateway.client.generate_stream(payload, gateway.headers_for(worker.url)):
+                async for chunk in gateway.client.generate_stream(
+                    payload, gateway.headers_for(worker.url), lambda headers: self._check_routed(headers, last)
+                ):
                     received = True
                     yield chunk
                 return
+            except ServedElsewhere as elsewhere:
+                log.warning("smg sent a request for %s to %s (its worker index shifted); sending it again",
+                            worker.url, elsewhere.url)
+                other = gateway.worker_at(elsewhere.url)
+                if other is not None:
+                    await other.client.abort(payload["rid"])
+                await self._reread_listing(gateway, "smg routed its request elsewhere")
+                # a new rid: the aborted one may still be known where it landed
+                payload = {**payload, "rid": self._resent_rid(payload["rid"])}
             except APIError as err:
                 if not _worker_gone(err):
                     raise
                 # smg's answer: the worker died, or smg's healthy set changed under the index;
                 # its fresh listing tells which (a request that got nothing is sent once more)
-                try:
-                    await gateway.read_listing()
-                except APIError:
-                    pass
-                if target_index(gateway.listing, worker.url) is None:
-                    worker.mark_down(err.message)
-                    raise
-                if received or attempt:
+                await self._reread_listing(gateway, err.message, err)
+                if received or last:
                     raise
 
+    def _resent_rid(self, rid: str) -> str:
+        resent = f"{rid}-resent"
+        self._rids[rid] = resent
+        return resent
+
+    def _check_routed(self, headers: Any, accept: bool) -> None:
+        served = headers.get(ROUTED_WORKER_HEADER)
+        if not served or served.rstrip("/") == self.worker.url:
+            return
+        if not accept:
+            raise ServedElsewhere(served.rstrip("/"))
+        self.served_by = served.rstrip("/")
+
+    async def _reread_listing(self, gateway: SmgGateway, why: str, err: APIError | None = None) -> None:
+        """smg's listing again; if it no longer has the worker healthy, the worker is down."""
+        try:
+            await gateway.read_listing()
+        except APIError:
+            pass
+        if target_index(gateway.listing, self.worker.url) is None:
+            self.worker.mark_down(why)
+            raise err or engine_unavailable(f"smg lists no healthy worker at {self.worker.url}")
+
     async def abort(self, rid: str) -> None:
-        """To the worker itself: smg does not know which of its workers runs ``rid``."""
-        await self.worker.client.abort(rid)
+        """To the worker that runs ``rid``: smg does not know which of its workers that is."""
+        gateway = self.worker.gateway
+        other = gateway.worker_at(self.served_by) if gateway is not None and self.served_by else None
+        await (other or self.worker).client.abort(self._rids.get(rid, rid))
 
 
 def _worker_gone(err: APIError) -> bool:
@@ -166,6 +214,8 @@ class Workers:
             raise ValueError("at least one worker is needed")
         self._workers = {w.url: w for w in workers}
         self.gateway: SmgGateway | None = next((w.gateway for w in workers if w.gateway), None)
+        if self.gateway is not None:
+            self.gateway.worker_at = self.get
         self.factory = factory
 
     def apply_listing(self, listing: list[SmgWorker]) -> list[Worker]:

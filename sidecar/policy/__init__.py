@@ -80,6 +80,9 @@ class SessionPolicy(Protocol):
     def unplace(self, session_id: str) -> None:
         """The session's worker was lost: its next request is placed afresh."""
 
+    def relocate(self, session_id: str, worker: str) -> None:
+        """The session's KV is on ``worker`` now (a turn was served there)."""
+
     def worker_of(self, session_id: str) -> str | None:
         """The worker the session was placed on (admission or a forced placement decided)."""
 

@@ -290,6 +290,12 @@ class LeasePolicy:
         if record is not None:
             record.worker = None
 
+    def relocate(self, session_id: str, worker: str) -> None:
+        """The session's KV is on ``worker`` now (a turn was served there): it lives there."""
+        record = self.sessions.record(session_id)
+        if record is not None:
+            record.worker = worker
+
     def worker_of(self, session_id: str) -> str | None:
         record = self.sessions.record(session_id)
         return record.worker if record is not None else None

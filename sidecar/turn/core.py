@@ -19,7 +19,7 @@ from sidecar.conversation.tokens import TooManyTokens
 from sidecar.engine.generate import generate_request, sampling_params
 from sidecar.engine.lease import LeaseRequest
 from sidecar.engine.capacity import EngineCapacity
-from sidecar.engine.worker import Worker, Workers
+from sidecar.engine.worker import Worker, WorkerRoute, Workers
 from sidecar.errors import APIError, invalid_request
 from sidecar.generation.relay import Generation, GenerationResult
 from sidecar.generation.tool_parsers import Event, get_tool_parser
@@ -230,6 +230,7 @@ class Turn:
         self._admitted = False
         self._lease: LeaseRequest | None = None  # the lease the request asked for
         self._cached_view: tuple[int, int] | None = None  # shared cache namespace: (own, shared block)
+        self._route: WorkerRoute | None = None
 
     @property
     def session(self) -> Session:
@@ -315,8 +316,9 @@ class Turn:
         lease = self._lease = core.policy.lease_request(session.id, len(ids), now)
         params = sampling_params(req.sampling, core.settings.default_max_tokens, renderer.eos_ids, lease)
         salt = self._cache_salt(req, res)
+        self._route = worker.generation_route()
         self.generation = Generation(
-            worker.generation_route(), generate_request(ids, session.id, params, salt), renderer.codec, parser, req.stop, forced,
+            self._route, generate_request(ids, session.id, params, salt), renderer.codec, parser, req.stop, forced,
             on_tokens=core.metrics.observe_tokens,
         )
 
@@ -392,6 +394,8 @@ class Turn:
         parent = res.base.fingerprint if res.base is not None else None
         state = TurnState(extend_fingerprint(res.fingerprint, reply), self._n_messages + 1, ids, result.end_id, parent)
         core.sessions.record_turn(res.session, state)
+        if self._route.served_by is not None:
+            self._served_elsewhere(self._route.served_by, len(res.base.token_ids) if res.base is not None else 0)
         tool_names = [c.name for c in result.tool_calls]
         now = time.monotonic()
         core.policy.on_turn_end(TurnEnd(res.session.id, len(ids), tool_names, now))
@@ -404,6 +408,25 @@ class Turn:
         metrics.prompt_tokens.inc(result.prompt_tokens)
         metrics.cached_tokens.inc(result.cached_tokens)
         metrics.completion_tokens.inc(result.completion_tokens)
+
+    def _served_elsewhere(self, url: str, history_tokens: int) -> None:
+        """smg served the turn on another worker than the session's (see ``WorkerRoute``): its KV
+        is there now, so the session moves there; its history, sent to a worker that did not hold
+        it, counts as a re-home's recompute, and the old worker's lease is let go."""
+        core, session = self.core, self.resolution.session
+        worker = core.workers.get(url)
+        core.metrics.turns_served_elsewhere.inc()
+        core.metrics.rehomed_recompute_tokens.inc(history_tokens)
+        if worker is None:
+            log.warning("session %s: smg served a turn on %s, a worker the sidecar does not know", session.public_id, url)
+            return
+        log.warning("session %s: smg served its turn on %s instead of %s; the session moves there",
+                    session.public_id, url, session.worker.url)
+        session.worker.release(session.id)
+        session.worker = worker
+        session.rehomed += 1
+        core.metrics.sessions_rehomed.inc()
+        core.policy.relocate(session.id, url)
 
     def _release(self) -> None:
         session = self.resolution.session
