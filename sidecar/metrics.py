@@ -100,7 +100,14 @@ class SidecarMetrics:
         )
         self.rehomed_recompute_tokens = Counter(
             "sidecar_rehomed_recompute_tokens",
-            "Tokens of history sent to a worker that does not hold them, because the session's worker was lost",
+            "Tokens of history a re-homed session's new worker had to recompute (its old worker was lost, "
+            "or smg served the turn elsewhere)",
+            registry=r,
+        )
+        self.rehomed_restored_tokens = Counter(
+            "sidecar_rehomed_restored_tokens",
+            "Tokens of history a re-homed session's new worker found cached instead of recomputing them: "
+            "read back from HiCache L3 storage the workers share (or a prefix it held)",
             registry=r,
         )
         self.turns_served_elsewhere = Counter(

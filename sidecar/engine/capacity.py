@@ -1,5 +1,6 @@
 """What one SGLang worker can hold, as its ``/server_info`` reports it: the GPU KV pool, the host
-tier behind it (HiCache), the prompt limit, and whether the session_ttl plugin runs there. The
+tier behind it (HiCache), its L3 storage tier, the prompt limit, and whether the session_ttl
+plugin runs there. The
 policy admits sessions against a worker's capacity; no HTTP here, so the policy may import it."""
 
 from __future__ import annotations
@@ -18,6 +19,14 @@ class EngineCapacity:
     host_tokens: int = 0  # tokens of its host-RAM tier (HiCache; 0 = none or unknown)
     plugin: bool = False  # the session_ttl plugin is the worker's eviction policy
     started_at: float | None = None  # SGLang's startup_time: a new value means it restarted
+    storage_backend: str | None = None  # HiCache's L3 tier (--hicache-storage-backend), None = none
+    storage_prefetch_policy: str = "best_effort"  # how long a request waits for its L3 read
+
+    @property
+    def storage_waits(self) -> bool:
+        """Whether a request waits for what L3 holds of it (else best_effort starts it with what has
+        arrived, and a re-homed session mostly recomputes)."""
+        return self.storage_backend is not None and self.storage_prefetch_policy != "best_effort"
 
     @property
     def known(self) -> bool:
@@ -42,6 +51,8 @@ class EngineCapacity:
             host_tokens=_host_tokens(info, gpu, plugin),
             plugin=plugin is not None,
             started_at=info.get("startup_time"),
+            storage_backend=info.get("hicache_storage_backend") or None,
+            storage_prefetch_policy=info.get("hicache_storage_prefetch_policy") or "best_effort",
         )
 
 

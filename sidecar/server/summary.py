@@ -31,9 +31,16 @@ def _capacity(capacity: EngineCapacity, max_prompt_tokens: int | None) -> str:
     else:
         host = f"host {capacity.host_tokens:,} tokens" if capacity.host_tokens else "no host tier"
         plugin = "session_ttl plugin" if capacity.plugin else "no session_ttl plugin (leases off)"
-        kv = f"KV: GPU {capacity.max_total_num_tokens:,} tokens, {host}, {plugin}"
+        kv = f"KV: GPU {capacity.max_total_num_tokens:,} tokens, {host}{_storage(capacity)}, {plugin}"
     limit = max_prompt_tokens or capacity.max_req_input_len
     return kv + (f", prompts up to {limit:,} tokens" if limit else "")
+
+
+def _storage(capacity: EngineCapacity) -> str:
+    if capacity.storage_backend is None:
+        return ""
+    wait = "" if capacity.storage_waits else ": re-homed sessions mostly recompute"
+    return f", L3 {capacity.storage_backend} (prefetch {capacity.storage_prefetch_policy}{wait})"
 
 
 def _auth(server) -> str:

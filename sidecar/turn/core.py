@@ -180,10 +180,14 @@ class TurnCore:
         self.sync_placeable()
         self._show_capacity(capacity)
         log.info(
-            "engine at %s: GPU KV %d tokens, host tier %d tokens, prompt limit %d, session_ttl plugin %s",
+            "engine at %s: GPU KV %d tokens, host tier %d tokens, L3 storage %s, prompt limit %d, session_ttl plugin %s",
             worker.client.base_url, capacity.max_total_num_tokens, capacity.host_tokens,
-            capacity.max_req_input_len, "on" if capacity.plugin else "off",
+            capacity.storage_backend or "none", capacity.max_req_input_len, "on" if capacity.plugin else "off",
         )
+        if capacity.storage_backend is not None and not capacity.storage_waits and len(self.workers) > 1:
+            log.warning("engine at %s: L3 storage with --hicache-storage-prefetch-policy best_effort: a re-homed "
+                        "session starts before its history is read back and mostly recomputes it (use "
+                        "wait_complete or timeout)", worker.client.base_url)
 
     def _show_capacity(self, capacity: EngineCapacity) -> None:
         self.metrics.engine_capacity.labels(tier="gpu").set(capacity.max_total_num_tokens)
@@ -231,6 +235,7 @@ class Turn:
         self._lease: LeaseRequest | None = None  # the lease the request asked for
         self._cached_view: tuple[int, int] | None = None  # shared cache namespace: (own, shared block)
         self._route: WorkerRoute | None = None
+        self._rehomed_history = 0  # tokens of history a re-homed turn sends to its new worker
 
     @property
     def session(self) -> Session:
@@ -324,8 +329,8 @@ class Turn:
 
     def _session_worker(self, session: Session, res: Resolution) -> Worker | None:
         """The worker holding the session's KV; None when placement must choose (a new session,
-        or one whose worker was lost while another is usable: it is re-homed, its whole history
-        recomputed on the new worker, and counted so)."""
+        or one whose worker was lost while another is usable: it is re-homed, and what the new
+        worker recomputes of its history is counted once the turn is prefilled)."""
         core, worker = self.core, session.worker
         if worker is None:
             return core.workers.get(core.policy.worker_of(session.id))
@@ -335,10 +340,9 @@ class Turn:
         session.rehomed += 1
         core.policy.unplace(session.id)
         core.metrics.sessions_rehomed.inc()
-        if res.base is not None:
-            core.metrics.rehomed_recompute_tokens.inc(len(res.base.token_ids))
-        log.warning("session %s: worker %s lost; it continues on another worker (full recompute)",
-                    session.public_id, worker.url)
+        self._rehomed_history = len(res.base.token_ids) if res.base is not None else 0
+        log.warning("session %s: worker %s lost; it continues on another worker (its history is read back "
+                    "where the workers share L3 storage, else recomputed)", session.public_id, worker.url)
         return None
 
     def _cache_salt(self, req: TurnRequest, res: Resolution) -> str | None:
@@ -380,6 +384,8 @@ class Turn:
             first_token_at = self.generation.result.first_token_at
             if first_token_at is not None:  # also for a turn that failed after its first token
                 self.core.metrics.ttft.observe(first_token_at - self.started_at)
+            if self._rehomed_history:
+                self._count_rehome(first_token_at is not None)
             if exc_type is None and self.generation.finished:
                 self._record()
         finally:
@@ -408,6 +414,15 @@ class Turn:
         metrics.prompt_tokens.inc(result.prompt_tokens)
         metrics.cached_tokens.inc(result.cached_tokens)
         metrics.completion_tokens.inc(result.completion_tokens)
+
+    def _count_rehome(self, prefilled: bool) -> None:
+        """What the new worker of a re-homed session did with its history: what it found cached
+        (read back from L3 storage the workers share, or a prefix it held) is restored, the rest
+        recomputed; a turn that failed before its prefill counts it all as recomputed."""
+        history, metrics = self._rehomed_history, self.core.metrics
+        restored = min(self.generation.result.cached_tokens, history) if prefilled else 0
+        metrics.rehomed_restored_tokens.inc(restored)
+        metrics.rehomed_recompute_tokens.inc(history - restored)
 
     def _served_elsewhere(self, url: str, history_tokens: int) -> None:
         """smg served the turn on another worker than the session's (see ``WorkerRoute``): its KV

@@ -55,6 +55,7 @@ from sidecar_tools.simulator.generate_request import (
 from sidecar_tools.simulator.http_contract import api_key_guard, serve_in_thread, sglang_app
 from sidecar_tools.simulator.nocache_engine import NoCacheEngine
 from sidecar_tools.simulator.replies import DEFAULT_EOS_IDS, Responder, plan_reply, random_responder
+from sidecar_tools.simulator.shared_storage import SharedL3
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ class _Flight:
     finish: dict[str, Any] | None = None  # the planned finish (stop/length), or an abort before the engine
     timing: list[float | None] | None = None  # [received, first token sent, last token sent]
     first_token_at: float | None = None  # wall time the engine released the first token
+    storage_hit: int = 0  # prompt tokens found in the shared L3 store on arrival
 
 
 class SimServer:
@@ -98,8 +100,9 @@ class SimServer:
                  eos_token_ids: tuple[int, ...] = DEFAULT_EOS_IDS, api_key: str | None = None,
                  enable_streaming_session: bool = False, server_info_overrides: dict[str, Any] | None = None,
                  record: bool = True, record_timings: bool = False,
-                 engine_factory: Callable[[], Engine] | None = None):
+                 engine_factory: Callable[[], Engine] | None = None, l3: SharedL3 | None = None):
         self.engine = engine
+        self.l3 = l3  # HiCache L3 storage shared with other workers (shared_storage.py)
         self.engine_factory = engine_factory  # restart() builds the new process's engine with it
         self.time_scale = time_scale
         self.granularity_s = granularity_s
@@ -407,6 +410,8 @@ class SimServer:
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
         flight.sim = sim
+        if self.l3 is not None:  # SGLang prefetches what storage holds beyond the worker's own cache
+            flight.storage_hit = min(self.l3.read(flight.input_ids, sim.cache_salt), len(flight.input_ids) - 1)
         self._kick_engine()
 
     async def _updates(self, flight: _Flight):
@@ -502,11 +507,15 @@ class SimServer:
             reason = sim.finish_reason
         final = self._chunk(flight, output, reason)
         self._keep(self.results, final)
+        if self.l3 is not None and sim is not None and sim.first_token_s is not None:
+            self.l3.write(list(flight.input_ids) + list(output[:-1]), sim.cache_salt)  # written through
         return final
 
     def _chunk(self, flight: _Flight, output: list[int], finish: dict[str, Any] | None) -> dict[str, Any]:
         sim = flight.sim
         cached = sim.cached_tokens if sim is not None else 0
+        storage = max(flight.storage_hit - cached, 0) if sim is not None and sim.first_token_s is not None else 0
+        cached += storage
         now = time.time()
         meta: dict[str, Any] = {
             "id": flight.rid,
@@ -522,7 +531,9 @@ class SimServer:
         }
         if cached > 0:
             host = sim.cached_tokens_host if sim is not None else 0
-            meta["cached_tokens_details"] = {"device": cached - host, "host": host}
+            meta["cached_tokens_details"] = {"device": cached - host - storage, "host": host}
+            if self.l3 is not None:
+                meta["cached_tokens_details"]["storage"] = storage
         if sim is not None and sim.first_token_s is not None:
             meta["queue_time"] = max(0.0, (sim.first_token_s - sim.arrival_s) / self.time_scale)
         if flight.first_token_at is not None:
@@ -627,6 +638,8 @@ class SimServer:
             "simulated": True, "time_scale": self.time_scale, "cost_model": e.cost.to_dict(),
             "simulated_host_pool_tokens": e.host_pool_tokens(),
         }
+        if self.l3 is not None:
+            info.update(hicache_storage_backend="file", hicache_storage_prefetch_policy="wait_complete")
         return {**info, **self.server_info_overrides}
 
     async def handle_server_info(self, request: web.Request) -> web.Response:

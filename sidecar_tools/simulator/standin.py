@@ -17,6 +17,9 @@ Test controls, all settable while it runs (``server.py`` documents them):
   connections, first-token delay), ``freeze()``/``thaw()``, ``healthy``;
 * lifecycle: ``start``/``stop`` (killed, same state on return), ``restart(downtime)`` (a new process
   on the same port: empty cache, no sessions, fresh metrics), ``run_in_thread`` + ``call_threadsafe``;
+* shared L3 storage: ``l3=SharedL3()`` given to several stand-ins is one HiCache storage tier
+  (``--hicache-storage-backend file`` on a shared path): a prompt prefix another worker wrote
+  counts as cached there (``shared_storage.py``);
 * what /server_info says: ``server_info_overrides`` (e.g. a larger ``max_total_num_tokens`` than
   the pool really has, so a test's admission never binds); ``api_key`` is SGLang's ``--api-key``;
 * records: ``requests``, ``results``, ``aborts``, ``opened_sessions``/``closed_sessions``,
@@ -42,6 +45,7 @@ from sidecar_tools.simulator.engine import SimEngine
 from sidecar_tools.simulator.nocache_engine import NoCacheEngine
 from sidecar_tools.simulator.replies import DEFAULT_EOS_IDS, Responder
 from sidecar_tools.simulator.server import SimServer, run_in_thread
+from sidecar_tools.simulator.shared_storage import SharedL3
 
 __all__ = ["SGLangStandIn", "run_in_thread"]
 
@@ -70,6 +74,7 @@ class SGLangStandIn(SimServer):
         server_info_overrides: dict[str, Any] | None = None,
         record: bool = True,
         record_timings: bool = False,
+        l3: SharedL3 | None = None,
     ):
         if disable_radix_cache and (policy != "lru" or policy_config or enable_session_radix_cache):
             raise ValueError("without a radix cache there is no eviction policy or session cache to configure")
@@ -85,7 +90,7 @@ class SGLangStandIn(SimServer):
             model_name=served_model_name or model_path, model_path=model_path, tokenizer_path=tokenizer_path,
             seed=seed, responder=responder, eos_token_ids=eos_token_ids, api_key=api_key,
             enable_streaming_session=enable_streaming_session, server_info_overrides=server_info_overrides,
-            record=record, record_timings=record_timings,
+            record=record, record_timings=record_timings, l3=l3,
         )
 
     def _new_engine(self) -> SimEngine | NoCacheEngine:
