@@ -24,8 +24,8 @@ class EngineCapacity:
 
     @property
     def storage_waits(self) -> bool:
-        """Whether a request waits for what L3 holds of it (else best_effort starts it with what has
-        arrived, and a re-homed session mostly recomputes)."""
+        """Whether a request waits for what L3 holds of it (best_effort starts it with what has
+        arrived: a re-homed session then recomputes, which pays unless L3 reads beat prefill)."""
         return self.storage_backend is not None and self.storage_prefetch_policy != "best_effort"
 
     @property

@@ -39,8 +39,7 @@ def _capacity(capacity: EngineCapacity, max_prompt_tokens: int | None) -> str:
 def _storage(capacity: EngineCapacity) -> str:
     if capacity.storage_backend is None:
         return ""
-    wait = "" if capacity.storage_waits else ": re-homed sessions mostly recompute"
-    return f", L3 {capacity.storage_backend} (prefetch {capacity.storage_prefetch_policy}{wait})"
+    return f", L3 {capacity.storage_backend} (prefetch {capacity.storage_prefetch_policy})"
 
 
 def _auth(server) -> str:

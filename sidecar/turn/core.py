@@ -184,10 +184,11 @@ class TurnCore:
             worker.client.base_url, capacity.max_total_num_tokens, capacity.host_tokens,
             capacity.storage_backend or "none", capacity.max_req_input_len, "on" if capacity.plugin else "off",
         )
-        if capacity.storage_backend is not None and not capacity.storage_waits and len(self.workers) > 1:
-            log.warning("engine at %s: L3 storage with --hicache-storage-prefetch-policy best_effort: a re-homed "
-                        "session starts before its history is read back and mostly recomputes it (use "
-                        "wait_complete or timeout)", worker.client.base_url)
+        if capacity.storage_backend == "file" and capacity.storage_waits and len(self.workers) > 1:
+            log.warning("engine at %s: a re-homed session waits for its history from the file L3 store "
+                        "(--hicache-storage-prefetch-policy %s); on an H200 that read was 3-25x slower than "
+                        "recomputing it (benchmarks/results/h200-2026-12-01c-l3): best_effort recomputes at once",
+                        worker.client.base_url, capacity.storage_prefetch_policy)
 
     def _show_capacity(self, capacity: EngineCapacity) -> None:
         self.metrics.engine_capacity.labels(tier="gpu").set(capacity.max_total_num_tokens)
