@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+DEFAULT_SOURCE = click.core.ParameterSource.DEFAULT
 PRESET_NAMES = ("default", "reference")  # sidecar_tools.benchmarks.traces.PRESETS (not imported here: keep --help fast)
 
 
@@ -281,7 +282,8 @@ def _replay(ctx: click.Context, kw: dict[str, Any], policy_config: dict[str, Any
     bar = progress_bar(sum(len(s.rounds) for s in trace.sessions), "simulate")
     replay = VirtualReplay(trace, engines, opts, max_concurrent_sessions=kw["max_concurrent_sessions"],
                            time_limit_s=kw["time_limit"], sidecar=sidecar, on_turn=lambda rec: bar.update(),
-                           expected_back_oracle=kw["expected_back_oracle"], worker_losses=losses, shared_l3=shared_l3)
+                           expected_back_oracle=kw["expected_back_oracle"], worker_losses=losses, shared_l3=shared_l3,
+                           report_workers=kw["workers"] > 1 or ctx.get_parameter_source("workers") != DEFAULT_SOURCE)
     started = datetime.now(UTC).isoformat(timespec="seconds")
     try:
         with bar:

@@ -43,4 +43,6 @@ def format_faults(faults: dict[str, Any]) -> str:
             f"re-homed, {faults['rehome_history_tokens']:,} history tokens | their first turns on the new worker: "
             f"{faults['rehomed_recomputed_tokens']:,} recomputed, {faults['rehomed_l3_read_tokens']:,} read from L3"
             + (f" ({l3['read_gbps']:g} GB/s, {l3['read_s']:.2f} s of reads)" if l3 else "")
-            + f", TTFT mean {_cell('{:.2f}', faults['rehomed_ttft_mean_s'])} s, max {_cell('{:.2f}', faults['rehomed_ttft_max_s'])} s")
+            + f", TTFT mean {_cell('{:.2f}', faults['rehomed_ttft_mean_s'])} s, max {_cell('{:.2f}', faults['rehomed_ttft_max_s'])} s"
+            + (f" | L3 pays above ~{faults['l3_break_even_gbps']:g} GB/s for these histories"
+               if faults.get("l3_break_even_gbps") else ""))

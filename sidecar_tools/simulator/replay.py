@@ -45,7 +45,7 @@ from sidecar_tools.benchmarks.records import TurnRecord, summarize
 from sidecar_tools.benchmarks.textgen import token_ids
 from sidecar_tools.benchmarks.traces import Session, Trace
 from sidecar_tools.simulator.engine import SimEngine, SimRequest
-from sidecar_tools.simulator.shared_l3 import SharedL3
+from sidecar_tools.simulator.shared_l3 import SharedL3, break_even_gbps
 from sidecar_tools.simulator.workers import SimWorker, WorkerLoss, WorkerSet, check_losses, worker_names
 from sglang_ext.wire import EXPECTED_BACK_PARAM, EXPECTED_SPREAD_PARAM, lease_params
 
@@ -196,15 +196,18 @@ class VirtualReplay:
                  max_concurrent_sessions: int | None = None, time_limit_s: float | None = None,
                  sidecar: SidecarLoop | None = None, stop_on_error: bool = False,
                  on_turn: Callable[[TurnRecord], None] | None = None, expected_back_oracle: bool = False,
-                 worker_losses: Sequence[WorkerLoss] = (), shared_l3: SharedL3 | None = None):
+                 worker_losses: Sequence[WorkerLoss] = (), shared_l3: SharedL3 | None = None,
+                 report_workers: bool | None = None):
         """``engine``: one SimEngine, or one per worker. ``on_turn`` hears of every turn that ended
-        (a progress bar)."""
+        (a progress bar). ``report_workers``: the run JSON gets ``workers`` and ``faults`` entries
+        (default: with several workers; a one-engine run keeps the JSON it always had)."""
         self.trace, self.opts = trace, opts
         self.workers = WorkerSet(engine)
         self.engine = self.workers[0].engine  # the first worker's (the only one, with one worker)
         check_losses(worker_losses, len(self.workers))
         self.worker_losses = list(worker_losses)
         self.l3 = shared_l3
+        self.report_workers = len(self.workers) > 1 if report_workers is None else report_workers
         self.on_turn = on_turn
         self.client = GenerateClient(None, "", trace, opts)  # only its content/ids logic is used
         self.max_concurrent = max_concurrent_sessions
@@ -235,10 +238,6 @@ class VirtualReplay:
         self.clock_now = 0.0
         self._lifecycle_scheduled = False
         self._poll_scheduled = False
-
-    @property
-    def several(self) -> bool:
-        return len(self.workers) > 1
 
     # ------------------------------------------------------------------ events
     def _at(self, t: float, fn: Callable[[float], None]) -> None:
@@ -340,8 +339,10 @@ class VirtualReplay:
         rec.send_s = t
         self.records.append(rec)
         ids = st.conv.ids + self.client.new_ids(st.conv, k, rnd)
-        if self.sidecar is None:
-            st.worker = self.workers[0]
+        if self.sidecar is None:  # one worker, no placement
+            if st.worker is None:
+                st.worker = self.workers[0]
+                st.worker.load.sessions_placed += 1
             self._submit(st, rec, ids, lease_params(self.opts.lease_ttl_s) if self.opts.lease_ttl_s is not None else None)
             return
         self._rehome_if_lost(st, sid)
@@ -589,11 +590,11 @@ class VirtualReplay:
             "metrics": {"engine": {"counters": counters, "gauges_after": engine.gauges()}},
             "simulator": sim_info,
         }
-        if self.several:
+        if self.report_workers:
             run["workers"] = self.workers.report(makespan)
             run["faults"] = self._faults_report()
-            run["config"]["workers"] = {"count": len(self.workers),
-                                        "placement": "sidecar" if not self.sidecar.placement_only else "placement-only",
+            placement = "none" if self.sidecar is None else "placement-only" if self.sidecar.placement_only else "sidecar"
+            run["config"]["workers"] = {"count": len(self.workers), "placement": placement,
                                         "losses": [f"{x.index}@{x.at_s:g}" for x in self.worker_losses],
                                         "shared_l3": self.l3.report() if self.l3 is not None else None}
         return run
@@ -612,7 +613,16 @@ class VirtualReplay:
             "rehomed_ttft_mean_s": round(sum(ttfts) / len(ttfts), 4) if ttfts else None,
             "rehomed_ttft_max_s": round(ttfts[-1], 4) if ttfts else None,
             "l3": self.l3.report() if self.l3 is not None else None,
+            "l3_break_even_gbps": self._break_even(rehomed),
         }
+
+    def _break_even(self, rehomed: list[TurnRecord]) -> float | None:
+        """The L3 bandwidth at which reading a re-homed turn's history (its mean, past the shared
+        prefix) costs what prefilling it does (``shared_l3.break_even_gbps``)."""
+        if not rehomed:
+            return None
+        own = sum(max(r.history_tokens - self.trace.shared_prefix_tokens, 0) for r in rehomed) / len(rehomed)
+        return round(break_even_gbps(self.engine.cost, round(own), self.trace.shared_prefix_tokens), 2)
 
 
 def _earliest(*times: float | None) -> float | None:

@@ -19,6 +19,18 @@ No sglang import here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sidecar_tools.simulator.costmodel import CostModel
+
+
+def break_even_gbps(cost: CostModel, tokens: int, prefix_tokens: int = 0) -> float:
+    """The read bandwidth at which loading ``tokens`` (after ``prefix_tokens`` already there) takes
+    as long as prefilling them alone on an idle engine: faster stores pay, slower ones do not."""
+    if tokens <= 0:
+        return 0.0
+    return tokens * cost.kv_bytes_per_token / cost.prefill_time([(tokens, prefix_tokens)]) / 1e9
 
 
 @dataclass

@@ -92,7 +92,7 @@ class SimWorker:
 
     def report(self, makespan_s: float) -> dict[str, Any]:
         busy = sum(self.engine.busy_s.values())
-        return {"worker": self.name, **vars(self.load), "engine_busy_s": round(busy, 3),
+        return {"worker": self.name or "w0", **vars(self.load), "engine_busy_s": round(busy, 3),
                 "busy_fraction": round(busy / makespan_s, 4) if makespan_s > 0 else None,
                 "admission_wait_s": round(self.load.admission_wait_s, 3), "lost_at_s": self.lost_at_s}
 
