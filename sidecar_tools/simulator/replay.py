@@ -233,7 +233,8 @@ class VirtualReplay:
         self._states = [_SessionState(s, self.client.start(s)) for s in trace.sessions]
         self._unfinished = len(self._states)
         self._by_sid = {self.client.session_id(st.session): st for st in self._states}
-        self._inflight: dict[str, tuple[_SessionState, TurnRecord]] = {}  # request id -> its turn
+        # request id -> its turn and worker, in the order sent (a lost worker fails them in that order)
+        self._inflight: dict[str, tuple[_SessionState, TurnRecord, SimWorker]] = {}
         self._rid = itertools.count()
         self.clock_now = 0.0
         self._lifecycle_scheduled = False
@@ -428,8 +429,7 @@ class VirtualReplay:
             rec.end_s = self.clock_now
             self._complete(st, rec, ids, [], ok=False)
             return
-        worker.inflight[sim.rid] = sim
-        self._inflight[sim.rid] = (st, rec)
+        self._inflight[sim.rid] = (st, rec, worker)
         worker.engine.notify()
 
     def _revise(self, session_id: str, server_args: dict[str, float]) -> None:
@@ -446,7 +446,6 @@ class VirtualReplay:
     def _on_reply(self, st: _SessionState, rec: TurnRecord, ids: list[int], sim: SimRequest, worker: SimWorker) -> None:
         if not sim.finished or not worker.up:
             return
-        worker.inflight.pop(sim.rid, None)
         self._inflight.pop(sim.rid, None)
         self.clock_now = sim.finish_s
         ok = sim.finish_reason.get("type") != "abort"
@@ -513,9 +512,9 @@ class VirtualReplay:
         worker.lost_at_s = t
         if self.sidecar is not None:
             self.sidecar.worker_lost(worker.name)
-        failed = [self._inflight.pop(rid) for rid in worker.inflight]
-        worker.inflight.clear()  # the dead engine is never stepped again; its clients hear a 502
-        for st, rec in failed:
+        failed = [rid for rid, (_, _, w) in self._inflight.items() if w is worker]
+        for rid in failed:  # the dead engine is never stepped again; its clients hear a 502
+            st, rec, _ = self._inflight.pop(rid)
             self._fail_and_retry(st, rec, t)
 
     def _finish_session(self, st: _SessionState, now: float) -> None:

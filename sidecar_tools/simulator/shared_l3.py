@@ -74,9 +74,6 @@ class SharedL3:
         self.read_s += dt
         return dt
 
-    def forget(self, session_id: str) -> None:
-        self._writes.pop(session_id, None)
-
     def report(self) -> dict[str, float]:
         return {"read_gbps": self.read_gbps, "write_gbps": self.write_gbps or self.read_gbps,
                 "bytes_per_token": self.bytes_per_token, "latency_s": self.latency_s,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar_tools.simulator.engine import SimEngine, SimRequest
+from sidecar_tools.simulator.engine import SimEngine
 
 
 def worker_names(count: int) -> list[str]:
@@ -66,14 +66,13 @@ class WorkerLoad:
 
 @dataclass(eq=False)
 class SimWorker:
-    """One simulated SGLang worker: its engine, whether it is up, the requests in flight on it."""
+    """One simulated SGLang worker: its engine, whether it is up, the load it carried."""
 
     name: str
     engine: SimEngine
     up: bool = True
     lost_at_s: float | None = None
     load: WorkerLoad = field(default_factory=WorkerLoad)
-    inflight: dict[str, SimRequest] = field(default_factory=dict)
 
     def dormant(self) -> bool:
         """Nothing to do until something arrives (not busy, no wake-up of its own)."""

@@ -112,7 +112,7 @@ def test_l3_pays_when_it_reads_faster_than_recompute_and_not_when_slow(loss_runs
     ttft = {k: v[2]["faults"]["rehomed_ttft_mean_s"] for k, v in loss_runs.items()}
     assert ttft["fast"] < ttft["recompute"] < ttft["slow"]
     makespan = {k: v[0]["makespan_s"] for k, v in loss_runs.items()}
-    assert makespan["fast"] <= makespan["recompute"] < makespan["slow"]
+    assert makespan["fast"] <= 1.01 * makespan["recompute"] < makespan["slow"]
 
 
 def test_cli_prints_the_per_worker_table_and_json(tmp_path):
