@@ -138,3 +138,12 @@ def test_cli_prints_the_per_worker_table_and_json(tmp_path):
 def test_cli_refuses_faults_that_cannot_happen(args, message):
     result = CliRunner().invoke(main, ["simulate", "--sessions", "2", "--turns", "2", *args])
     assert result.exit_code != 0 and message in result.output
+
+
+def test_cli_one_explicit_worker_adds_its_table_not_other_figures():
+    args = ["simulate", "--synthetic", "reference", "--sessions", "3", "--turns", "3", "--kv-tokens", "9000", "--name", "one"]
+    plain = CliRunner().invoke(main, args, catch_exceptions=False)
+    explicit = CliRunner().invoke(main, [*args, "--workers", "1"], catch_exceptions=False)
+    summary = [line for line in plain.output.splitlines() if line.startswith("one: makespan")]
+    assert summary and summary[0] in explicit.output.splitlines()
+    assert "| worker |" not in plain.output and "| w0 | 3 | 9 |" in explicit.output
