@@ -4,7 +4,7 @@
 # 48 agents x 16 turns of the reference trace as the H200 ran it (its trace file), 0.5 s gaps,
 # 173,200 GPU KV tokens + host ratio 1 per worker.
 #   bash benchmarks/results/sim/workers-2026-12-01/run.sh [OUT] [--jobs N]   (from the repo root;
-#   ~1-3 min per run on 2 cores)
+#   ~20-40 s per run, the SGLang import included)
 # Each run: <name>.json + <name>-turns.csv (the benchmark's format; per-worker load under "workers",
 # the loss's cost under "faults") and <name>.txt (what the command printed); commands.txt lists them.
 set -uo pipefail
