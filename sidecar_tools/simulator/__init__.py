@@ -13,7 +13,10 @@ Module map (only ``sglang_env``, ``engine`` and what imports them touch sglang; 
 * ``costmodel``  step-time model + calibration file I/O (no sglang)
 * ``sglang_env`` imports SGLang, publishes server args, loads the plugin, builds the cache
 * ``engine``     the discrete-event engine (scheduler + real cache + cost model)
-* ``replay``     closed-loop trace replay in virtual time, sidecar policy in the loop
+* ``replay``     closed-loop trace replay in virtual time, sidecar policy in the loop, one or several workers
+* ``workers``    the simulated workers of a replay (an engine each), their load, worker-loss faults
+* ``shared_l3``  a shared L3 KV store a re-homed session reads back instead of recomputing (no sglang)
+* ``load_report`` the per-worker and worker-loss tables a several-worker replay prints (no sglang)
 * ``server``     aiohttp server with SGLang's HTTP contract, driven in (scaled) real time
 * ``standin``    that server set up as the tests' SGLang (paced time, restart, fault controls)
 * ``nocache_engine`` the engine of ``--disable-radix-cache``, for load tests (no sglang)

@@ -217,15 +217,23 @@ def host_tier_of(spec: dict[str, Any]):
 
 
 def simulate_spec(spec: dict[str, Any], cost: CostModel) -> tuple[dict[str, Any], list[Any], dict[str, Any]]:
-    """Run one simulation described by ``spec``; (summary, records, run dict)."""
+    """Run one simulation described by ``spec``; (summary, records, run dict). Several workers:
+    ``workers`` (count), ``lose_worker`` (["W@T", ...]), ``shared_l3_gbps`` (a shared L3 store)."""
     from sidecar_tools.benchmarks.clients import ClientOptions
     from sidecar_tools.simulator.engine import SimEngine
     from sidecar_tools.simulator.replay import SidecarLoop, VirtualReplay
+    from sidecar_tools.simulator.shared_l3 import SharedL3
+    from sidecar_tools.simulator.workers import WorkerLoss
 
     trace = _trace(spec)
-    engine = SimEngine(kv_tokens=int(spec.get("kv_tokens", 173_200)), policy=spec.get("policy", "lru"),
-                       policy_config=spec.get("policy_config"), cost=cost,
-                       session_radix_cache=bool(spec.get("session_radix_cache")), host_tier=host_tier_of(spec))
+    workers = int(spec.get("workers", 1))
+    engines = [SimEngine(kv_tokens=int(spec.get("kv_tokens", 173_200)), policy=spec.get("policy", "lru"),
+                         policy_config=spec.get("policy_config"), cost=cost,
+                         session_radix_cache=bool(spec.get("session_radix_cache")), host_tier=host_tier_of(spec))
+               for _ in range(workers)]
+    engine = engines[0]
+    losses = [WorkerLoss.parse(x) for x in spec.get("lose_worker", ())]
+    l3 = SharedL3(cost.kv_bytes_per_token, read_gbps=float(spec["shared_l3_gbps"])) if spec.get("shared_l3_gbps") else None
     opts = ClientOptions(lease_ttl_s=spec.get("lease_ttl"), close_sessions=spec.get("close_sessions", True))
     sidecar = None
     replay: VirtualReplay
@@ -238,9 +246,10 @@ def simulate_spec(spec: dict[str, Any], cost: CostModel) -> tuple[dict[str, Any]
             config = REPO_ROOT / config
         settings = load_settings(config, {section: dict(values) for section, values in sc.items() if values})
         sidecar = SidecarLoop(settings, engine.kv_tokens, clock=lambda: replay.clock_now,
-                              host_tokens=engine.host_pool_tokens() or 0)
-    replay = VirtualReplay(trace, engine, opts, max_concurrent_sessions=spec.get("max_concurrent_sessions"),
-                           sidecar=sidecar, expected_back_oracle=bool(spec.get("expected_back_oracle")))
+                              host_tokens=engine.host_pool_tokens() or 0, workers=workers)
+    replay = VirtualReplay(trace, engines, opts, max_concurrent_sessions=spec.get("max_concurrent_sessions"),
+                           sidecar=sidecar, expected_back_oracle=bool(spec.get("expected_back_oracle")),
+                           worker_losses=losses, shared_l3=l3)
     run, records = replay.run()
     return run["summary"], records, run
 

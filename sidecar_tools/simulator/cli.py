@@ -5,6 +5,7 @@
         --sidecar-config configs/coding-agent.toml --out benchmarks/results/sim --name sidecar
     sglang-sidecar simulate --hicache-ratio 3                             # + SGLang's host tier (HiCache)
     sglang-sidecar simulate --serve --port 30000 --policy session_ttl      # SGLang's HTTP subset
+    sglang-sidecar simulate --workers 2 --lose-worker 0@30 --shared-l3    # several workers, one lost
     sglang-sidecar simulate calibrate benchmarks/results/h200             # refit the cost model
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 
 import click
 
+DEFAULT_SOURCE = click.core.ParameterSource.DEFAULT
 PRESET_NAMES = ("default", "reference")  # sidecar_tools.benchmarks.traces.PRESETS (not imported here: keep --help fast)
 
 
@@ -103,7 +105,17 @@ def _command_line(ctx: click.Context) -> str:
               help="Run N copies of every session (copy k: id <id>~r<k>, its own prompts).")
 @click.option("--replicate-offset", type=float, default=0.0, show_default=True,
               help="Copy k starts k x S s after the original session's start.")
-@click.option("--kv-tokens", type=int, default=173_200, help="KV pool size in tokens (--max-total-tokens).")
+@click.option("--kv-tokens", type=int, default=173_200, help="KV pool size in tokens (--max-total-tokens), per worker.")
+@click.option("--workers", type=click.IntRange(min=1), default=1,
+              help="Simulated SGLang workers, each with these flags; new sessions placed by the sidecar's placement.")
+@click.option("--lose-worker", "lose_worker", multiple=True, metavar="W@T",
+              help="Worker W (0-based) is lost at T virtual seconds: its requests fail and are retried, "
+                   "its sessions move (repeatable).")
+@click.option("--shared-l3", is_flag=True,
+              help="Every worker writes KV through to one shared L3 store (--hicache-storage-backend file on a "
+                   "shared path, or mooncake); a re-homed session reads it back instead of recomputing. Needs the host tier.")
+@click.option("--l3-read-gbps", type=click.FloatRange(min=0, min_open=True), default=4.0,
+              help="--shared-l3: GB/s a worker reads (and writes) the store at (local NVMe / file backend class).")
 @click.option("--policy", default="lru",
               help="--radix-eviction-policy: lru, lfu, fifo, mru, filo, priority, slru, tlru, session_ttl (plugin).")
 @click.option("--policy-config", default=None,
@@ -166,6 +178,8 @@ def simulate(ctx: click.Context, **kw: Any) -> None:
         policy_config = {"threshold": 4096, "next_prompt_estimate": 1024}
     sidecar_overrides = parse_sidecar_policy(kw["sidecar_policy"])
     if kw["serve"]:
+        if kw["workers"] > 1 or kw["lose_worker"] or kw["shared_l3"]:
+            raise click.UsageError("--workers, --lose-worker and --shared-l3 are replay options (--serve is one worker)")
         if kw["expected_back_oracle"]:
             raise click.UsageError("--expected-back-oracle is a replay option (with --serve the client sends what it sends)")
         _serve(kw, policy_config)
@@ -239,10 +253,12 @@ def _replay(ctx: click.Context, kw: dict[str, Any], policy_config: dict[str, Any
         trace = trace.replicated(kw["replicate"], kw["replicate_offset"])
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+    losses, shared_l3 = _faults(kw)
     try:
-        engine = _engine(kw, policy_config)
+        engines = [_engine(kw, policy_config) for _ in range(kw["workers"])]
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from None
+    engine = engines[0]
     opts = ClientOptions(lease_ttl_s=kw["lease_ttl"], close_sessions=kw["close_sessions"])
     replay: VirtualReplay
     sidecar = None
@@ -260,13 +276,14 @@ def _replay(ctx: click.Context, kw: dict[str, Any], policy_config: dict[str, Any
         except SettingsError as exc:
             raise click.ClickException(str(exc)) from None
         sidecar = SidecarLoop(settings, engine.kv_tokens, clock=lambda: replay.clock_now,
-                              host_tokens=engine.host_pool_tokens() or 0)
+                              host_tokens=engine.host_pool_tokens() or 0, workers=kw["workers"])
         sidecar_info = {"config": kw["sidecar_config"], "policy": settings.policy.model_dump(),
                         "admission": settings.admission.model_dump()}
     bar = progress_bar(sum(len(s.rounds) for s in trace.sessions), "simulate")
-    replay = VirtualReplay(trace, engine, opts, max_concurrent_sessions=kw["max_concurrent_sessions"],
+    replay = VirtualReplay(trace, engines, opts, max_concurrent_sessions=kw["max_concurrent_sessions"],
                            time_limit_s=kw["time_limit"], sidecar=sidecar, on_turn=lambda rec: bar.update(),
-                           expected_back_oracle=kw["expected_back_oracle"])
+                           expected_back_oracle=kw["expected_back_oracle"], worker_losses=losses, shared_l3=shared_l3,
+                           report_workers=kw["workers"] > 1 or ctx.get_parameter_source("workers") != DEFAULT_SOURCE)
     started = datetime.now(UTC).isoformat(timespec="seconds")
     try:
         with bar:
@@ -276,6 +293,7 @@ def _replay(ctx: click.Context, kw: dict[str, Any], policy_config: dict[str, Any
                                    f"exit here): {str(exc).splitlines()[0]}") from None
     gap = kw["tool_wait"]
     tier = "-hicache" if engine.host_tier is not None else ""
+    tier += f"-{kw['workers']}w" if kw["workers"] > 1 else ""
     name = kw["name"] or f"sim-{engine.policy}{tier}-{trace.name}-{'trace' if gap is None else f'{gap:g}s'}"
     run = {"name": name, "started_at": started, "command": _command_line(ctx), **run}
     run["config"].update({
@@ -294,8 +312,40 @@ def _replay(ctx: click.Context, kw: dict[str, Any], policy_config: dict[str, Any
         path = save_run(kw["out"], name, run, records)
         click.echo(f"saved {path}", err=True)
     print_summary(name, run["summary"])
+    if "workers" in run:
+        from sidecar_tools.simulator.load_report import format_faults, format_workers
+
+        click.echo(format_workers(run["workers"]))
+        if run["faults"]["rehomed_sessions"] or run["faults"]["failed_requests"]:
+            click.echo(format_faults(run["faults"]))
     if kw["as_json"]:
-        click.echo(json.dumps(run["summary"], indent=1))
+        shown = run["summary"] if "workers" not in run else \
+            {**run["summary"], "workers": run["workers"], "faults": run["faults"]}
+        click.echo(json.dumps(shown, indent=1))
+
+
+def _faults(kw: dict[str, Any]):
+    """--lose-worker and --shared-l3 -> (WorkerLoss list, SharedL3 or None), checked before any engine is built."""
+    from sidecar_tools.simulator.costmodel import load_calibration
+    from sidecar_tools.simulator.shared_l3 import SharedL3
+    from sidecar_tools.simulator.workers import WorkerLoss, check_losses
+
+    try:
+        losses = [WorkerLoss.parse(x) for x in kw["lose_worker"]]
+        check_losses(losses, kw["workers"])
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--lose-worker") from None
+    if not kw["shared_l3"]:
+        return losses, None
+    if host_tier_args(kw) is None:
+        raise click.UsageError("--shared-l3 is SGLang's L3 tier, under its host tier: add --hicache-ratio (or --enable-hicache)")
+    if kw["workers"] < 2:
+        raise click.UsageError("--shared-l3 matters only when a session moves: use --workers 2 or more")
+    try:
+        cost, _ = load_calibration(kw["calibration"])
+    except (ValueError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from None
+    return losses, SharedL3(bytes_per_token=cost.kv_bytes_per_token, read_gbps=kw["l3_read_gbps"])
 
 
 @simulate.command("calibrate")

@@ -77,6 +77,9 @@ class SimRequest:
     custom_params: dict[str, Any] | None = None
     extra_key: str | None = None  # cache namespaces (RadixKey.extra_key / cache_salt): disjoint prefixes
     cache_salt: str | None = None
+    # prompt tokens [start, end) read from a shared L3 store into the host tier before this request
+    # was queued (a re-homed session's history, ``shared_l3``): copied to the GPU, not prefilled
+    storage_range: tuple[int, int] | None = None
     output_source: Callable[[int], list[int]] | None = None  # n -> the ids to emit
     on_update: Callable[[SimRequest], None] | None = None  # finished (and, with stream, new tokens)
     stream: bool = False  # call on_update after every step that added tokens
@@ -86,6 +89,7 @@ class SimRequest:
     finish_s: float | None = None
     cached_tokens: int = 0
     cached_tokens_host: int = 0  # of cached_tokens, loaded back from the host tier
+    cached_tokens_storage: int = 0  # of cached_tokens, read from the shared L3 store (storage_range)
     output_ids: list[int] = field(default_factory=list)
     finish_reason: dict[str, Any] | None = None
     num_retractions: int = 0
@@ -103,7 +107,8 @@ class PrefillBatch:
 
     reqs: list[Any]
     hicache_consumer_index: int = -1
-    chunks: list[tuple[int, int]] = field(default_factory=list)  # (new tokens, prefix tokens) per request
+    chunks: list[tuple[int, int]] = field(default_factory=list)  # (computed tokens, prefix tokens) per request
+    storage_tokens: int = 0  # of the batch's new tokens: copied in from L3 reads, not computed
 
 
 class SimEngine:
@@ -237,6 +242,13 @@ class SimEngine:
         self._finish_sim(sim, {"type": "abort", "message": "Aborted by AbortReq.", "status_code": None,
                                "err_type": None})
         return True
+
+    def cached_prefix_len(self, ids: list[int], extra_key: str | None = None) -> int:
+        """Tokens of ``ids`` this engine holds (GPU or host tier): the part of a prompt a storage
+        read skips (SGLang matches the tree this way before it prefetches from L3)."""
+        env = self.env
+        match = self.cache.match_prefix(env.MatchPrefixParams(key=env.RadixKey(array("q", ids), extra_key=extra_key)))
+        return int(match.device_prefix_len) + int(match.host_hit_length or 0)
 
     def close_session(self, session_id: str) -> None:
         """SGLang /close_session: ``Scheduler.close_session`` (with the session radix cache the
@@ -491,14 +503,32 @@ class SimEngine:
                             host_hit_is_storage=req.host_hit_is_storage)
                     req._cache_breakdown_computed = True
             req.already_computed = req.extend_end
-            chunks.append((n, req.prefix_len))
+            loaded = self._storage_tokens(req, req.prefix_len, req.extend_end)
+            batch.storage_tokens += loaded
+            chunks.append((n - loaded, req.prefix_len + loaded))
+
+    def _storage_tokens(self, req: Any, start: int, end: int) -> int:
+        """Tokens of the chunk [start, end) the request already read from L3 (counted as cached once)."""
+        sim = self._sim[req.rid]
+        if sim.storage_range is None:
+            return 0
+        lo, hi = sim.storage_range
+        loaded = max(0, min(end, hi) - max(start, lo))
+        if loaded and not req.retracted_stain:
+            sim.cached_tokens_storage += loaded
+        return loaded
 
     def _run_prefill(self, batch: PrefillBatch) -> None:
         env, chunks = self.env, batch.chunks
         self._wait_for_copies()  # write_back: the allocation's eviction may have blocked on its backup
         dt = self.cost.prefill_time(chunks)
+        compute_s = dt
         if batch.hicache_consumer_index >= 0:
             dt = self._prefill_time_with_load(dt, batch.hicache_consumer_index)
+        if batch.storage_tokens:  # the L3 read landed in host memory: host-to-GPU inside the step
+            cost = self.cost
+            copy_s = cost.host_load_latency_s + batch.storage_tokens / cost.host_load_tokens_per_s
+            dt = max(dt, cost.prefill_time_with_load(compute_s, 0.0, copy_s))
         self.now += dt
         self.busy_s["prefill"] += dt
         self._inc("sim:prefill_steps_total")
@@ -510,7 +540,9 @@ class SimEngine:
             sim = self._sim[req.rid]
             if sim.first_token_s is None:
                 sim.first_token_s = self.now
-                sim.cached_tokens = int(req.cached_tokens)
+                sim.cached_tokens = int(req.cached_tokens) + sim.cached_tokens_storage
+                if sim.cached_tokens_storage:
+                    self._inc("sim:cached_tokens_storage_total", sim.cached_tokens_storage)
                 self._inc("sglang:prompt_tokens_total", len(req.origin_input_ids))
                 self._inc("sglang:cached_tokens_total", sim.cached_tokens)
                 if self.copies is not None:
@@ -729,6 +761,7 @@ class SimEngine:
         counters = dict(self._counters)
         cached = counters.pop("sglang:cached_tokens_total", 0.0)
         host = counters.pop("sim:cached_tokens_host_total", 0.0)
+        storage = counters.pop("sim:cached_tokens_storage_total", 0.0)
         names = {"sglang:prompt_tokens_total", "sglang:generation_tokens_total", "sglang:num_requests_total",
                  "sglang:evicted_tokens_total", "sglang:num_retracted_requests_total"}
         names |= set(counters)
@@ -737,7 +770,7 @@ class SimEngine:
         for name in sorted(names):
             lines += [f"# TYPE {name} counter", f"{name}{{{label}}} {float(counters.get(name, 0.0))}"]
         lines.append("# TYPE sglang:cached_tokens_total counter")
-        for source, value in (("device", cached - host), ("host", host), ("storage", 0.0), ("total", cached)):
+        for source, value in (("device", cached - host - storage), ("host", host), ("storage", storage), ("total", cached)):
             lines.append(f'sglang:cached_tokens_total{{{label},cache_source="{source}"}} {float(value)}')
         for name, value in self.gauges().items():
             lines += [f"# TYPE {name} gauge", f"{name}{{{label}}} {float(value)}"]

@@ -17,6 +17,18 @@ once-a-second ``close_due`` pass of the store.
 
 ``VirtualReplay(expected_back_oracle=True)`` sends the trace's own next gap as the expected return
 instead of the policy's prediction - an upper bound for what-if runs, not a prediction.
+
+Several workers (``VirtualReplay(trace, [engine, ...])``, ``workers.WorkerSet``): a new session is
+placed by the policy's own placement (``LeasePolicy.choose`` through the admission gate, or forced
+when admission is off), every later turn goes to its worker, and the engines advance on the one
+virtual clock, the one furthest behind first, none stepping past another's clock (a finish on one
+may send a request to another). Without a sidecar the replay places sessions with a policy of its
+own that only places (``SidecarLoop.placement``: mode off, admission off: the roomiest worker by
+projected footprint). ``worker_losses`` kill a worker at a virtual time: its in-flight requests
+fail (the agent resends the turn after ``RETRY_AFTER_S``, as an OpenAI client retries a 502), its
+sessions are re-homed on their next turn (``LeasePolicy.unplace``, as ``sidecar/turn/core.py``
+does) and recomputed there, unless a ``shared_l3.SharedL3`` store holds their KV: then the first
+turn on the new worker reads it back first.
 """
 
 from __future__ import annotations
@@ -24,7 +36,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +45,8 @@ from sidecar_tools.benchmarks.records import TurnRecord, summarize
 from sidecar_tools.benchmarks.textgen import token_ids
 from sidecar_tools.benchmarks.traces import Session, Trace
 from sidecar_tools.simulator.engine import SimEngine, SimRequest
+from sidecar_tools.simulator.shared_l3 import SharedL3, break_even_gbps
+from sidecar_tools.simulator.workers import SimWorker, WorkerLoss, WorkerSet, check_losses, worker_names
 from sglang_ext.wire import EXPECTED_BACK_PARAM, EXPECTED_SPREAD_PARAM, lease_params
 
 from sidecar.engine.generate import after_turn_body
@@ -47,20 +61,41 @@ class SidecarLoop:
     """``sidecar.policy.build_policy`` on a session store, driven by virtual time (what
     ``sidecar/turn/core.py`` calls)."""
 
-    def __init__(self, settings: Any, kv_tokens: int, clock: Callable[[], float], host_tokens: int = 0):
+    def __init__(self, settings: Any, kv_tokens: int, clock: Callable[[], float], host_tokens: int = 0,
+                 workers: int = 1, placement_only: bool = False):
+        """``workers`` identical workers of ``kv_tokens`` (+ ``host_tokens``) each, registered as
+        ``build_core`` registers them (the first through ``build_policy``, the rest by ``set_capacity``)."""
         from sidecar.conversation.store import SessionStore
         from sidecar.policy import EngineCapacity, build_policy
 
         self.settings = settings
         capacity = EngineCapacity(max_total_num_tokens=kv_tokens, host_tokens=host_tokens)
-        self.policy = build_policy(settings, capacity, clock=clock)
+        self.worker_names = worker_names(workers)
+        first, *others = self.worker_names
+        # registering a worker pumps the gate, before the replay (and its clock) exists: time 0 then
+        self.clock: Callable[[], float] = lambda: 0.0
+        self.policy = build_policy(settings, capacity, clock=lambda: self.clock(), worker=first)
+        for name in others:
+            self.policy.set_capacity(capacity, name)
         self.sessions = SessionStore(self.policy, settings.server.max_sessions)
         self.clock = clock
+        # only placement (no leases, no closes sent): the replay's own placement without a sidecar
+        self.placement_only = placement_only
         self.rejected = 0
         self.sent: dict[str, Any] = {}  # session -> the lease its running request asked for
-        # the engine's /set_internal_state, where the session_ttl plugin runs (as the turn core
-        # sends the after-turn revision only to a worker with the plugin)
-        self.revise: Callable[[dict[str, float]], Any] | None = None
+        # (session id, server_args) -> the session's worker's /set_internal_state, where the
+        # session_ttl plugin runs (as the turn core sends the after-turn revision only to a worker
+        # with the plugin)
+        self.revise: Callable[[str, dict[str, float]], Any] | None = None
+
+    @classmethod
+    def placement(cls, kv_tokens: int, clock: Callable[[], float], host_tokens: int, workers: int) -> SidecarLoop:
+        """The policy's placement alone, for several workers without a sidecar in front: mode off
+        (no leases), admission off (a new session goes to the roomiest worker at once)."""
+        from sidecar.settings import load_settings
+
+        settings = load_settings(None, {"policy": {"mode": "off"}, "admission": {"enabled": False}})
+        return cls(settings, kv_tokens, clock, host_tokens, workers=workers, placement_only=True)
 
     @property
     def gate(self) -> Any:
@@ -84,6 +119,17 @@ class SidecarLoop:
     def waiting(self) -> int:
         return self.gate.queue_length
 
+    def worker_of(self, session_id: str) -> str | None:
+        return self.policy.worker_of(session_id)
+
+    def worker_lost(self, worker: str) -> None:
+        """The sidecar saw the worker fail: no new sessions go there (``TurnCore.watch``)."""
+        self.policy.set_placeable(worker, False)
+
+    def rehome(self, session_id: str) -> None:
+        """The session's worker is gone: placement chooses again for its next request."""
+        self.policy.unplace(session_id)
+
     def poll_interval(self) -> float:
         return self.gate.settings.poll_interval
 
@@ -102,7 +148,7 @@ class SidecarLoop:
             self.policy.on_turn_end(TurnEnd(session_id, context_tokens, tool_names, now))
             revised = self.policy.after_turn(session_id, now)
             if revised is not None and self.revise is not None and worth_revising(self.sent.get(session_id), revised):
-                self.revise(after_turn_body(session_id, revised)["server_args"])  # the plugin's channel
+                self.revise(session_id, after_turn_body(session_id, revised)["server_args"])  # the plugin's channel
                 self.policy.lease_revised(session_id, revised, now)
         self.sessions.get(session_id).inflight -= 1
         self.policy.release_admission(session_id)
@@ -122,6 +168,10 @@ class SidecarLoop:
 # The replay
 
 
+RETRY_AFTER_S = 0.5  # an OpenAI client's first retry of a 502/503 (openai-python: 0.5 s initial delay)
+WORKER_LOST = "http 502: worker lost"
+
+
 @dataclass
 class _SessionState:
     session: Session
@@ -129,6 +179,9 @@ class _SessionState:
     client_wait_s: float = 0.0
     k: int = 0
     done: bool = False
+    worker: SimWorker | None = None  # where its last turn went
+    rehomed: bool = False  # its worker was lost: the next turn starts on another (until one succeeds)
+    stored_tokens: int = 0  # of its KV, written through to the shared L3 store
 
 
 @dataclass(order=True)
@@ -139,28 +192,49 @@ class _Event:
 
 
 class VirtualReplay:
-    def __init__(self, trace: Trace, engine: SimEngine, opts: ClientOptions, *,
+    def __init__(self, trace: Trace, engine: SimEngine | Sequence[SimEngine], opts: ClientOptions, *,
                  max_concurrent_sessions: int | None = None, time_limit_s: float | None = None,
                  sidecar: SidecarLoop | None = None, stop_on_error: bool = False,
-                 on_turn: Callable[[TurnRecord], None] | None = None, expected_back_oracle: bool = False):
-        """``on_turn`` hears of every turn that ended (a progress bar)."""
-        self.trace, self.engine, self.opts = trace, engine, opts
+                 on_turn: Callable[[TurnRecord], None] | None = None, expected_back_oracle: bool = False,
+                 worker_losses: Sequence[WorkerLoss] = (), shared_l3: SharedL3 | None = None,
+                 report_workers: bool | None = None):
+        """``engine``: one SimEngine, or one per worker. ``on_turn`` hears of every turn that ended
+        (a progress bar). ``report_workers``: the run JSON gets ``workers`` and ``faults`` entries
+        (default: with several workers; a one-engine run keeps the JSON it always had)."""
+        self.trace, self.opts = trace, opts
+        self.workers = WorkerSet(engine)
+        self.engine = self.workers[0].engine  # the first worker's (the only one, with one worker)
+        check_losses(worker_losses, len(self.workers))
+        self.worker_losses = list(worker_losses)
+        self.l3 = shared_l3
+        self.report_workers = len(self.workers) > 1 if report_workers is None else report_workers
         self.on_turn = on_turn
         self.client = GenerateClient(None, "", trace, opts)  # only its content/ids logic is used
         self.max_concurrent = max_concurrent_sessions
         self.time_limit_s = time_limit_s
+        if sidecar is None and len(self.workers) > 1:
+            sidecar = SidecarLoop.placement(self.engine.kv_tokens, lambda: self.clock_now,
+                                            self.engine.host_pool_tokens() or 0, len(self.workers))
+        if sidecar is not None and sidecar.worker_names != self.workers.names:
+            raise ValueError(f"the sidecar knows workers {sidecar.worker_names}, the replay has {self.workers.names}")
         self.sidecar = sidecar
-        if sidecar is not None and engine.mgr is not None:
-            sidecar.revise = engine.set_internal_state
+        if sidecar is not None and self.engine.mgr is not None:
+            sidecar.revise = self._revise
         self.stop_on_error = stop_on_error
         self.expected_back_oracle = expected_back_oracle
         self.records: list[TurnRecord] = []
+        self.rehomed_records: list[TurnRecord] = []  # the first turn of each re-homed session on its new worker
+        self.rehomed_sessions = 0
+        self.rehome_history_tokens = 0  # what the live sidecar counts (sidecar_rehomed_recompute_tokens_total)
         self._events: list[_Event] = []
         self._seq = itertools.count()
         self._active = 0
         self._queued: list[_SessionState] = []
         self._states = [_SessionState(s, self.client.start(s)) for s in trace.sessions]
         self._unfinished = len(self._states)
+        self._by_sid = {self.client.session_id(st.session): st for st in self._states}
+        # request id -> its turn and worker, in the order sent (a lost worker fails them in that order)
+        self._inflight: dict[str, tuple[_SessionState, TurnRecord, SimWorker]] = {}
         self._rid = itertools.count()
         self.clock_now = 0.0
         self._lifecycle_scheduled = False
@@ -175,36 +249,36 @@ class VirtualReplay:
 
     def run(self) -> tuple[dict[str, Any], list[TurnRecord]]:
         wall0 = time.monotonic()
-        engine = self.engine
         for st in self._states:  # a session arrives at its start_s and waits there for a client slot
             self._at(st.session.start_s, lambda t, st=st: self._arrive(st, t))
+        for loss in self.worker_losses:
+            self._at(loss.at_s, lambda t, w=self.workers[loss.index]: self._lose(w, t))
         if self.sidecar is not None:
             self._schedule_lifecycle(0.0)
         timed_out = False
         while True:
             t_ev = self._events[0].t if self._events else None
-            if self.time_limit_s is not None and min(x for x in (engine.now, t_ev) if x is not None) >= self.time_limit_s:
+            live = self.workers.live()
+            if self.time_limit_s is not None and self._clock_floor(live, t_ev) >= self.time_limit_s:
                 timed_out = self._unfinished > 0
                 break
-            if t_ev is not None and t_ev <= engine.now:
+            if t_ev is not None and all(t_ev <= w.engine.now for w in live):
                 ev = heapq.heappop(self._events)
                 self.clock_now = ev.t
                 ev.fn(ev.t)
                 continue
-            if self._unfinished == 0 and engine.idle():
+            if self._unfinished == 0 and all(w.engine.idle() for w in live):
                 break
-            if engine.busy:
-                horizon = t_ev
-                if self.time_limit_s is not None:
-                    horizon = self.time_limit_s if horizon is None else min(horizon, self.time_limit_s)
-                engine.step(horizon=horizon)
-                continue
-            wake = engine.next_wakeup()
-            nxt = [x for x in (t_ev, wake) if x is not None]
-            if not nxt:
+            worker, until = self._next_to_act(live, t_ev)
+            if worker is None:
                 break  # nothing will ever happen again
-            engine.advance_idle(min(nxt))
-        makespan = max(engine.now, self.clock_now) if not timed_out else float(self.time_limit_s)
+            if worker.engine.busy:
+                worker.engine.step(horizon=until)
+                worker.sample()
+            else:
+                worker.engine.advance_idle(until)
+        makespan = max(max(w.engine.now for w in self.workers), self.clock_now) if not timed_out \
+            else float(self.time_limit_s)
         if self._unfinished == 0:
             makespan = self._last_end
         for rec in self.records:
@@ -214,6 +288,39 @@ class VirtualReplay:
         return self._run_dict(makespan, timed_out, wall_s), sorted(self.records, key=lambda r: (r.send_s, r.session, r.turn))
 
     _last_end = 0.0
+
+    def _clock_floor(self, live: list[SimWorker], t_ev: float | None) -> float:
+        """The earliest clock that can still move: the next event's, or a worker's that has work
+        (a lone worker's counts whatever it does, as with one engine)."""
+        moving = [w.engine.now for w in live if not w.dormant()] or [w.engine.now for w in live]
+        return min(x for x in (*moving, t_ev) if x is not None)
+
+    def _next_to_act(self, live: list[SimWorker], t_ev: float | None) -> tuple[SimWorker | None, float | None]:
+        """The worker furthest behind that can act, and how far it may go: up to the next event,
+        the time limit and the next action of every other worker (its clock if busy, its wake-up if
+        idle: a finish there may send this one a request, so none runs past another). With one
+        worker: the engine, up to the next event (or its wake-up), as ever."""
+        nxt = {w: (w.engine.now if w.engine.busy else w.engine.next_wakeup()) for w in live} if len(live) > 1 else {}
+        best: tuple[float, SimWorker, float | None] | None = None
+        held: tuple[float, SimWorker, float | None] | None = None  # idle, waiting for the others
+        for w in live:
+            engine = w.engine
+            bound = _earliest(*(t for o, t in nxt.items() if o is not w))
+            if engine.busy:
+                until = _earliest(t_ev, self.time_limit_s, bound)
+            else:
+                until = _earliest(t_ev, engine.next_wakeup())
+                if until is None:
+                    continue  # dormant, and no event to move it to
+                if bound is not None and bound <= engine.now:
+                    if held is None or engine.now < held[0]:
+                        held = (engine.now, w, until)
+                    continue  # another worker acts first at its clock
+                until = _earliest(until, bound)
+            if best is None or engine.now < best[0]:
+                best = (engine.now, w, until)
+        best = best or held  # only idle workers whose next moments coincide: any may go
+        return (best[1], best[2]) if best is not None else (None, None)
 
     # ------------------------------------------------------------------ client side
     def _arrive(self, st: _SessionState, t: float) -> None:
@@ -233,11 +340,14 @@ class VirtualReplay:
         rec.send_s = t
         self.records.append(rec)
         ids = st.conv.ids + self.client.new_ids(st.conv, k, rnd)
-        if self.sidecar is None:
+        if self.sidecar is None:  # one worker, no placement
+            if st.worker is None:
+                st.worker = self.workers[0]
+                st.worker.load.sessions_placed += 1
             self._submit(st, rec, ids, lease_params(self.opts.lease_ttl_s) if self.opts.lease_ttl_s is not None else None)
             return
-        ok = self.sidecar.admit(sid, len(ids), k == 0,
-                                proceed=lambda: self._submit(st, rec, ids, self.sidecar.start_turn(sid, len(ids))))
+        self._rehome_if_lost(st, sid)
+        ok = self.sidecar.admit(sid, len(ids), k == 0, proceed=lambda: self._granted(st, rec, ids))
         if not ok:
             rec.error = "http 429: admission queue full"
             rec.end_s = self.clock_now
@@ -245,26 +355,87 @@ class VirtualReplay:
         elif self.sidecar.waiting():
             self._schedule_poll()
 
+    def _rehome_if_lost(self, st: _SessionState, sid: str) -> None:
+        """``TurnCore._session_worker``: a session whose worker is lost is placed afresh, its whole
+        history recomputed on the new worker (or read from the shared L3 store), and counted."""
+        worker = self.workers.named(self.sidecar.worker_of(sid))
+        if worker is None or worker.up:
+            return
+        self.sidecar.rehome(sid)
+        st.rehomed = True
+        self.rehomed_sessions += 1
+        self.rehome_history_tokens += len(st.conv.ids)
+
+    def _granted(self, st: _SessionState, rec: TurnRecord, ids: list[int]) -> None:
+        """The gate let the turn through: it goes to the worker placement gave the session."""
+        sid = self.client.session_id(st.session)
+        worker = self.workers.named(self.sidecar.worker_of(sid)) or self.workers[0]
+        if worker is not st.worker:
+            worker.load.sessions_placed += 1
+            st.worker = worker
+        waited = self.clock_now - rec.send_s
+        if st.k == 0 and waited > 0:
+            worker.load.admission_waits += 1
+            worker.load.admission_wait_s += waited
+        if self.sidecar.placement_only:
+            self.sidecar.start_turn(sid, len(ids))  # the records placement projects from
+            custom = lease_params(self.opts.lease_ttl_s) if self.opts.lease_ttl_s is not None else None
+        else:
+            custom = self.sidecar.start_turn(sid, len(ids))
+        self._submit(st, rec, ids, custom)
+
     def _submit(self, st: _SessionState, rec: TurnRecord, ids: list[int], custom: dict[str, float] | None) -> None:
         session, k = st.session, st.k
         rnd = session.rounds[k]
         sid = self.client.session_id(session)
         if custom is not None and self.expected_back_oracle:
             custom = {**custom, **self._oracle_return(st)}
+        worker = st.worker
         sim = SimRequest(
             rid=f"sim-{next(self._rid)}", input_ids=ids, max_new_tokens=rnd.output_tokens,
             session_id=sid if self.opts.send_session_id else None, ignore_eos=True, custom_params=custom,
             output_source=lambda n, key=f"{sid}/o{k}": token_ids(key, n),
-            on_update=lambda s: self._on_reply(st, rec, ids, s),
+            on_update=lambda s: self._on_reply(st, rec, ids, s, worker),
         )
+        delay = 0.0
+        if st.rehomed:
+            self.rehomed_records.append(rec)
+            delay = self._read_from_l3(st, sid, ids, sim, worker)
+        if delay > 0 or worker.engine.now < self.clock_now:  # it reaches the worker once its clock is there
+            self._at(self.clock_now + delay, lambda t: self._deliver(st, rec, ids, sim, worker))
+        else:
+            self._deliver(st, rec, ids, sim, worker)
+
+    def _read_from_l3(self, st: _SessionState, sid: str, ids: list[int], sim: SimRequest, worker: SimWorker) -> float:
+        """A re-homed turn with a shared L3 store: the stored prefix beyond what the new worker
+        holds already is read first (the request waits for it), then counted as cached there."""
+        if self.l3 is None:
+            return 0.0
+        stored = min(self.l3.stored(sid, self.clock_now), len(ids))
+        have = worker.engine.cached_prefix_len(ids[:stored]) if stored else 0
+        if stored <= have:
+            return 0.0
+        sim.storage_range = (have, stored)
+        return self.l3.read(stored - have)
+
+    def _deliver(self, st: _SessionState, rec: TurnRecord, ids: list[int], sim: SimRequest, worker: SimWorker) -> None:
+        if not worker.up:  # connection refused: a 502 the agent retries
+            self._fail_and_retry(st, rec, self.clock_now)
+            return
         try:
-            self.engine.submit(sim)
+            worker.engine.submit(sim)
         except ValueError as exc:
             rec.error = f"http 400: {exc}"[:300]
             rec.end_s = self.clock_now
             self._complete(st, rec, ids, [], ok=False)
             return
-        self.engine.notify()
+        self._inflight[sim.rid] = (st, rec, worker)
+        worker.engine.notify()
+
+    def _revise(self, session_id: str, server_args: dict[str, float]) -> None:
+        worker = self.workers.named(self.sidecar.worker_of(session_id))
+        if worker is not None and worker.up:
+            worker.engine.set_internal_state(server_args)
 
     def _oracle_return(self, st: _SessionState) -> dict[str, float]:
         """The expected return the trace knows: its next gap, exactly (none after the last turn)."""
@@ -272,9 +443,10 @@ class VirtualReplay:
             return {}
         return {EXPECTED_BACK_PARAM: st.session.rounds[st.k].tool_wait_s, EXPECTED_SPREAD_PARAM: 0.0}
 
-    def _on_reply(self, st: _SessionState, rec: TurnRecord, ids: list[int], sim: SimRequest) -> None:
-        if not sim.finished:
+    def _on_reply(self, st: _SessionState, rec: TurnRecord, ids: list[int], sim: SimRequest, worker: SimWorker) -> None:
+        if not sim.finished or not worker.up:
             return
+        self._inflight.pop(sim.rid, None)
         self.clock_now = sim.finish_s
         ok = sim.finish_reason.get("type") != "abort"
         if sim.first_token_s is not None:
@@ -286,7 +458,22 @@ class VirtualReplay:
         if not ok:
             rec.error = f"aborted: {sim.finish_reason.get('message')}"
         rec.ok = ok
+        if ok:
+            self._count_turn(st, worker, rec, sim)
         self._complete(st, rec, ids, sim.output_ids, ok)
+
+    def _count_turn(self, st: _SessionState, worker: SimWorker, rec: TurnRecord, sim: SimRequest) -> None:
+        load = worker.load
+        load.turns_served += 1
+        load.prompt_tokens += rec.prompt_tokens
+        load.cached_tokens += rec.cached_tokens
+        load.recomputed_tokens += rec.recomputed_tokens
+        load.storage_read_tokens += sim.cached_tokens_storage
+        st.rehomed = False
+        if self.l3 is not None:  # write-through: prompt + output, less the last sampled token (never cached)
+            stored = rec.prompt_tokens + rec.completion_tokens - 1
+            self.l3.write(rec.session, stored, stored - st.stored_tokens, rec.end_s)
+            st.stored_tokens = stored
 
     def _complete(self, st: _SessionState, rec: TurnRecord, ids: list[int], output: list[int], ok: bool) -> None:
         session, k = st.session, st.k
@@ -295,7 +482,7 @@ class VirtualReplay:
         if not ok:  # keep the planned shape (sidecar_tools.benchmarks.clients.GenerateClient)
             output = output + token_ids(f"{sid}/o{k}", rnd.output_tokens)[len(output):]
         st.conv.ids = ids + list(output)
-        now = self.clock_now
+        now = rec.end_s
         if self.sidecar is not None and rec.error != "http 429: admission queue full":
             self.sidecar.end_turn(sid, len(st.conv.ids), [n for n in rnd.called_tools() or [] if n], ok)
         self._last_end = max(self._last_end, now)
@@ -308,6 +495,28 @@ class VirtualReplay:
         st.k += 1
         self._at(now + rnd.tool_wait_s, lambda t: self._send(st, t))
 
+    def _fail_and_retry(self, st: _SessionState, rec: TurnRecord, now: float) -> None:
+        """The turn's worker was lost under it: the agent sees a 502 and resends the same turn."""
+        rec.error, rec.end_s, rec.ok = WORKER_LOST, now, False
+        if st.worker is not None:
+            st.worker.load.failed_requests += 1
+        if self.sidecar is not None:
+            self.sidecar.end_turn(self.client.session_id(st.session), len(st.conv.ids), [], ok=False)
+        if self.on_turn is not None:
+            self.on_turn(rec)
+        self._at(now + RETRY_AFTER_S, lambda t: self._send(st, t))
+
+    def _lose(self, worker: SimWorker, t: float) -> None:
+        """The worker's process dies at ``t``: what runs there fails, and placement stops using it."""
+        worker.up = False
+        worker.lost_at_s = t
+        if self.sidecar is not None:
+            self.sidecar.worker_lost(worker.name)
+        failed = [rid for rid, (_, _, w) in self._inflight.items() if w is worker]
+        for rid in failed:  # the dead engine is never stepped again; its clients hear a 502
+            st, rec, _ = self._inflight.pop(rid)
+            self._fail_and_retry(st, rec, t)
+
     def _finish_session(self, st: _SessionState, now: float) -> None:
         st.done = True
         self._unfinished -= 1
@@ -315,8 +524,9 @@ class VirtualReplay:
         if self.opts.close_sessions:
             if self.sidecar is not None:
                 self.sidecar.client_close(sid)
-            self.engine.close_session(sid)
-            self.engine.notify()
+            if st.worker is not None and st.worker.up:
+                st.worker.engine.close_session(sid)
+                st.worker.engine.notify()
         self._active -= 1
         if self._queued:
             nxt = self._queued.pop(0)
@@ -328,8 +538,11 @@ class VirtualReplay:
     def _schedule_lifecycle(self, t: float) -> None:
         def tick(t_now: float) -> None:
             for sid in self.sidecar.due_closes():
-                self.engine.close_session(sid)
-                self.engine.notify()
+                st = self._by_sid.get(sid)
+                worker = st.worker if st is not None else self.workers[0]
+                if not self.sidecar.placement_only and worker is not None and worker.up:
+                    worker.engine.close_session(sid)
+                    worker.engine.notify()
             if self._unfinished:
                 self._at(t_now + 1.0, tick)
 
@@ -364,9 +577,9 @@ class VirtualReplay:
             "engine_busy_s": {k: round(v, 3) for k, v in engine.busy_s.items()},
             "lease_metrics": engine.lease_metrics(),
         }
-        if self.sidecar is not None:
+        if self.sidecar is not None and not self.sidecar.placement_only:
             sim_info["admission_rejected"] = self.sidecar.rejected
-        return {
+        run = {
             "summary": summary,
             "config": {"mode": "simulate", "lease_ttl_s": self.opts.lease_ttl_s,
                        "close_sessions": self.opts.close_sessions, "send_session_id": self.opts.send_session_id,
@@ -376,3 +589,41 @@ class VirtualReplay:
             "metrics": {"engine": {"counters": counters, "gauges_after": engine.gauges()}},
             "simulator": sim_info,
         }
+        if self.report_workers:
+            run["workers"] = self.workers.report(makespan)
+            run["faults"] = self._faults_report()
+            placement = "none" if self.sidecar is None else "placement-only" if self.sidecar.placement_only else "sidecar"
+            run["config"]["workers"] = {"count": len(self.workers), "placement": placement,
+                                        "losses": [f"{x.index}@{x.at_s:g}" for x in self.worker_losses],
+                                        "shared_l3": self.l3.report() if self.l3 is not None else None}
+        return run
+
+    def _faults_report(self) -> dict[str, Any]:
+        """What the worker losses cost: re-homed sessions and their first turns on the new worker."""
+        rehomed = [r for r in self.rehomed_records if r.ok]
+        ttfts = sorted(r.ttft_s for r in rehomed if r.ttft_s is not None)
+        return {
+            "failed_requests": sum(w.load.failed_requests for w in self.workers),
+            "rehomed_sessions": self.rehomed_sessions,
+            "rehome_history_tokens": self.rehome_history_tokens,
+            "rehomed_turns": len(rehomed),
+            "rehomed_recomputed_tokens": sum(r.recomputed_tokens for r in rehomed),
+            "rehomed_l3_read_tokens": sum(w.load.storage_read_tokens for w in self.workers),
+            "rehomed_ttft_mean_s": round(sum(ttfts) / len(ttfts), 4) if ttfts else None,
+            "rehomed_ttft_max_s": round(ttfts[-1], 4) if ttfts else None,
+            "l3": self.l3.report() if self.l3 is not None else None,
+            "l3_break_even_gbps": self._break_even(rehomed),
+        }
+
+    def _break_even(self, rehomed: list[TurnRecord]) -> float | None:
+        """The L3 bandwidth at which reading a re-homed turn's history (its mean, past the shared
+        prefix) costs what prefilling it does (``shared_l3.break_even_gbps``)."""
+        if not rehomed:
+            return None
+        own = sum(max(r.history_tokens - self.trace.shared_prefix_tokens, 0) for r in rehomed) / len(rehomed)
+        return round(break_even_gbps(self.engine.cost, round(own), self.trace.shared_prefix_tokens), 2)
+
+
+def _earliest(*times: float | None) -> float | None:
+    known = [t for t in times if t is not None]
+    return min(known) if known else None

@@ -47,6 +47,8 @@ def setup() -> types.SimpleNamespace:
             memory_pool,
             unified_radix_cache,
         )
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
         from sglang.srt.mem_cache.unified_cache import component_type
         from sglang.srt.sampling import sampling_params
         from sglang.srt.server_args import (
@@ -83,6 +85,8 @@ def setup() -> types.SimpleNamespace:
         ReqToTokenPool=memory_pool.ReqToTokenPool,
         ComponentType=component_type.ComponentType,
         UnifiedRadixCache=unified_radix_cache.UnifiedRadixCache,
+        RadixKey=RadixKey,
+        MatchPrefixParams=MatchPrefixParams,
         SamplingParams=sampling_params.SamplingParams,
         SpeculativeAlgorithm=spec_info.SpeculativeAlgorithm,
     )
