@@ -189,7 +189,7 @@ class LeasePolicy:
         dist = None
         if self.settings.mode == "predictive":
             dist = self.predictor.next_reply_distribution(state.gap_stats, context_tokens)
-        ttl = self.ttl_rule.ttl(dist, context_tokens, 0.0, self._resident_fraction(now))
+        ttl = self.ttl_rule.ttl(dist, context_tokens, 0.0, self._resident_fraction(now, state.worker))
         state.pending_ttl = ttl
         if ttl is None:
             return None
@@ -250,7 +250,7 @@ class LeasePolicy:
                 return LeaseRequest(self.settings.final_answer_ttl, None, None)
             dist = with_chance_of_return(back, p)  # the TTL weighs the chance that it ends here
         elapsed = max(0.0, now - state.turn_ended_at)
-        ttl = self.ttl_rule.ttl(dist, state.context_tokens, elapsed, self._resident_fraction(now))
+        ttl = self.ttl_rule.ttl(dist, state.context_tokens, elapsed, self._resident_fraction(now, state.worker))
         if ttl is None:
             return None
         return LeaseRequest(ttl, *expected_return(back, elapsed))  # when it is back, if it comes back
@@ -445,13 +445,19 @@ class LeasePolicy:
         total = self.service_s + remaining
         return self.service_s / total if total > 0 else 1.0
 
-    def _resident_fraction(self, now: float) -> float:
-        capacity = self.capacity.hierarchy_tokens
+    def _resident_fraction(self, now: float, worker: str | None) -> float:
+        """How full the session's worker is with resident sessions (the TTL's pressure term): its
+        own sessions over its own hierarchy, with several workers; the one pool's otherwise."""
+        several = len(self.capacities) > 1
+        capacity = (self.capacities.get(worker, self.capacity) if several else self.capacity).hierarchy_tokens
         if capacity <= 0 or self.settings.kv_pressure_gain == 0 or self.settings.mode != "predictive":
             return 0.0
         # tokens only: the gate's duty-cycle projections (a predictor distribution per idle
         # session) are not needed for the pressure term, and this runs on every request
-        tokens = sum(s.context_tokens for s in self.sessions.records() if s.is_resident(now))
+        records = self.sessions.records()
+        if several:
+            records = [s for s in records if s.worker == worker]
+        tokens = sum(s.context_tokens for s in records if s.is_resident(now))
         return min(tokens / capacity, 1.0)
 
 

@@ -83,3 +83,25 @@ async def test_revised_lease_uses_the_known_tools():
     assert policy.revised_lease_ttl("s", clock.now) == settings.policy.min_ttl
     await run_turn(policy, clock, "t", 50_000, True, ["build"])
     assert 20.0 < policy.revised_lease_ttl("t", clock.now) < 40.0
+
+
+async def test_with_several_workers_the_lease_shortens_only_for_a_full_worker():
+    """The TTL's pressure term is the session's own worker's: eight running sessions filling
+    worker a shorten a lease there, not the same session's lease on an empty worker b."""
+    settings = load_settings(overrides={"policy": {"mode": "predictive", "kv_pressure_gain": 2.0}})
+    clock = FakeClock()
+    policy = on_store(build_policy(settings, EngineCapacity(100_000), clock=clock, worker="a"))
+    policy.set_capacity(EngineCapacity(100_000), "b")
+    for i in range(8):
+        await admit(policy, f"busy-{i}", 10_000)
+        policy.relocate(f"busy-{i}", "a")
+        policy.on_request(f"busy-{i}", 10_000, clock.now)  # running: resident on a
+    ttls = {}
+    for worker in ("a", "b"):
+        sid = f"probe-{worker}"
+        await admit(policy, sid, 5_000)
+        policy.relocate(sid, worker)
+        policy.on_request(sid, 5_000, clock.now)
+        ttls[worker] = policy.lease_ttl(sid, 5_000, clock.now)
+    assert ttls["a"] is not None and ttls["b"] is not None
+    assert ttls["a"] < ttls["b"]
