@@ -114,8 +114,9 @@ def _command_line(ctx: click.Context) -> str:
 @click.option("--shared-l3", is_flag=True,
               help="Every worker writes KV through to one shared L3 store (--hicache-storage-backend file on a "
                    "shared path, or mooncake); a re-homed session reads it back instead of recomputing. Needs the host tier.")
-@click.option("--l3-read-gbps", type=click.FloatRange(min=0, min_open=True), default=4.0,
-              help="--shared-l3: GB/s a worker reads (and writes) the store at (local NVMe / file backend class).")
+@click.option("--l3-read-gbps", type=click.FloatRange(min=0, min_open=True), default=1.5,
+              help="--shared-l3: GB/s a worker reads (and writes) the store at (default: SGLang's file backend at "
+                   "--page-size 64 as measured on an H200, benchmarks/results/h200-2026-12-01c-l3).")
 @click.option("--policy", default="lru",
               help="--radix-eviction-policy: lru, lfu, fifo, mru, filo, priority, slru, tlru, session_ttl (plugin).")
 @click.option("--policy-config", default=None,

@@ -55,7 +55,7 @@ from sidecar_tools.simulator.generate_request import (
 from sidecar_tools.simulator.http_contract import api_key_guard, serve_in_thread, sglang_app
 from sidecar_tools.simulator.nocache_engine import NoCacheEngine
 from sidecar_tools.simulator.replies import DEFAULT_EOS_IDS, Responder, plan_reply, random_responder
-from sidecar_tools.simulator.shared_storage import SharedL3
+from sidecar_tools.simulator.shared_storage import SharedStorage
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class SimServer:
                  eos_token_ids: tuple[int, ...] = DEFAULT_EOS_IDS, api_key: str | None = None,
                  enable_streaming_session: bool = False, server_info_overrides: dict[str, Any] | None = None,
                  record: bool = True, record_timings: bool = False,
-                 engine_factory: Callable[[], Engine] | None = None, l3: SharedL3 | None = None):
+                 engine_factory: Callable[[], Engine] | None = None, l3: SharedStorage | None = None):
         self.engine = engine
         self.l3 = l3  # HiCache L3 storage shared with other workers (shared_storage.py)
         self.engine_factory = engine_factory  # restart() builds the new process's engine with it

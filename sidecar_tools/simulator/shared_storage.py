@@ -15,7 +15,7 @@ import hashlib
 from collections.abc import Sequence
 
 
-class SharedL3:
+class SharedStorage:
     """One store for several ``SGLangStandIn(l3=...)``: the chained key of every page written."""
 
     def __init__(self, page_size: int = 1):

@@ -17,7 +17,7 @@ Test controls, all settable while it runs (``server.py`` documents them):
   connections, first-token delay), ``freeze()``/``thaw()``, ``healthy``;
 * lifecycle: ``start``/``stop`` (killed, same state on return), ``restart(downtime)`` (a new process
   on the same port: empty cache, no sessions, fresh metrics), ``run_in_thread`` + ``call_threadsafe``;
-* shared L3 storage: ``l3=SharedL3()`` given to several stand-ins is one HiCache storage tier
+* shared L3 storage: ``l3=SharedStorage()`` given to several stand-ins is one HiCache storage tier
   (``--hicache-storage-backend file`` on a shared path): a prompt prefix another worker wrote
   counts as cached there (``shared_storage.py``);
 * what /server_info says: ``server_info_overrides`` (e.g. a larger ``max_total_num_tokens`` than
@@ -45,7 +45,7 @@ from sidecar_tools.simulator.engine import SimEngine
 from sidecar_tools.simulator.nocache_engine import NoCacheEngine
 from sidecar_tools.simulator.replies import DEFAULT_EOS_IDS, Responder
 from sidecar_tools.simulator.server import SimServer, run_in_thread
-from sidecar_tools.simulator.shared_storage import SharedL3
+from sidecar_tools.simulator.shared_storage import SharedStorage
 
 __all__ = ["SGLangStandIn", "run_in_thread"]
 
@@ -74,7 +74,7 @@ class SGLangStandIn(SimServer):
         server_info_overrides: dict[str, Any] | None = None,
         record: bool = True,
         record_timings: bool = False,
-        l3: SharedL3 | None = None,
+        l3: SharedStorage | None = None,
     ):
         if disable_radix_cache and (policy != "lru" or policy_config or enable_session_radix_cache):
             raise ValueError("without a radix cache there is no eviction policy or session cache to configure")

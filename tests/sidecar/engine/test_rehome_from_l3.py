@@ -1,5 +1,5 @@
 """A lost worker's sessions move on; where the workers share HiCache's L3 storage tier (SGLang's
-``--hicache-storage-backend file`` on a shared path, here ``SharedL3``), the new worker reads
+``--hicache-storage-backend file`` on a shared path, here ``SharedStorage``), the new worker reads
 their history back instead of recomputing it, and the sidecar counts which of the two happened."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from aiohttp import web
 
 from sidecar.server.app import create_app
 from sidecar.settings import load_settings
-from sidecar_tools.simulator.shared_storage import SharedL3
+from sidecar_tools.simulator.shared_storage import SharedStorage
 from sidecar_tools.simulator.standin import SGLangStandIn
 
 openai = pytest.importorskip("openai")
@@ -25,7 +25,7 @@ async def _metrics(base: str) -> dict[str, float]:
     return {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("sidecar_rehomed")}
 
 
-async def _run(tokenizer, l3: SharedL3 | None):
+async def _run(tokenizer, l3: SharedStorage | None):
     """AGENTS agents over two workers; the worker of agent-0 is killed after turn 2; each agent
     then runs two more turns. Returns (cached tokens of each moved agent's first turn after the
     kill, the history it sent then, its next turn's cached and history, the sidecar's metrics)."""
@@ -77,7 +77,7 @@ async def _run(tokenizer, l3: SharedL3 | None):
 
 
 async def test_a_moved_session_is_read_back_from_shared_l3_not_recomputed(qwen3_tokenizer):
-    l3 = SharedL3()
+    l3 = SharedStorage()
     moved, after, metrics = await _run(qwen3_tokenizer, l3)
     for name in moved:
         (cached, prompt), (next_cached, next_prompt) = after[name]
