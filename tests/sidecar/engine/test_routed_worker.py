@@ -10,6 +10,7 @@ and sent again; one that keeps landing elsewhere is served there and the session
 from __future__ import annotations
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from sidecar.engine.smg import ROUTED_WORKER_HEADER, TARGET_WORKER_HEADER
@@ -17,7 +18,7 @@ from sidecar.server.app import create_app
 from sidecar.settings import load_settings
 from sidecar_tools.simulator.standin import SGLangStandIn
 
-openai = __import__("pytest").importorskip("openai")
+openai = pytest.importorskip("openai")
 
 
 class ShiftingGateway:
@@ -129,52 +130,58 @@ def _rids(sim: SGLangStandIn, session: str) -> list[str]:
     return [r["rid"] for r in sim.generate_requests() if isinstance(r, dict) and r.get("session_id") == session]
 
 
-async def test_a_request_smg_sends_elsewhere_is_stopped_there_and_sent_again(qwen3_tokenizer):
+@pytest.fixture
+async def routed(qwen3_tokenizer):
+    """Two workers behind the shifting gateway, the sidecar in front: (sims, gateway, base URL)."""
     sims, gateway, runner, base = await _setup(qwen3_tokenizer)
     try:
-        agent = Agent(base, "agent-a")
-        await agent.turn(0)
-        home = (await _session(base, "agent-a"))["worker"]
-        other = next(u for u in sims if u != home)
-        expected = agent.history_tokens
-        listings = gateway.listings
-
-        gateway.shift = 1  # smg's index points at the other worker for one request
-        _, cached = await agent.turn(1)
-
-        assert cached == expected  # served on its own worker after all: its history was there
-        assert (await _session(base, "agent-a"))["worker"] == home
-        stray = _rids(sims[other], "agent-a")
-        assert len(stray) == 1 and stray[0] in {a["rid"] for a in sims[other].aborts}  # stopped there
-        assert [r for r in _rids(sims[home], "agent-a") if r.startswith(stray[0])]  # sent again to its worker
-        assert gateway.listings > listings  # after re-reading smg's listing
-        assert await _metric(base, "sidecar_turns_served_elsewhere_total") == 0
+        yield sims, gateway, base
     finally:
         await _teardown(sims, gateway, runner)
 
 
-async def test_a_turn_smg_keeps_serving_elsewhere_moves_the_session_and_is_counted(qwen3_tokenizer):
-    sims, gateway, runner, base = await _setup(qwen3_tokenizer)
-    try:
-        agent = Agent(base, "agent-b")
-        await agent.turn(0)
-        home = (await _session(base, "agent-b"))["worker"]
-        other = next(u for u in sims if u != home)
-        history = agent.sent_tokens
+async def _placed_agent(base: str, sims: dict, name: str) -> tuple[Agent, str, str]:
+    """An agent after its first turn, its session's worker, and the other worker."""
+    agent = Agent(base, name)
+    await agent.turn(0)
+    home = (await _session(base, name))["worker"]
+    return agent, home, next(u for u in sims if u != home)
 
-        gateway.always_shift = True  # the sidecar's re-read listing does not help: smg still sends it elsewhere
-        await agent.turn(1)
-        gateway.always_shift = False
 
-        session = await _session(base, "agent-b")
-        assert session["worker"] == other and session["rehomed"] == 1  # its KV is there now
-        assert await _metric(base, "sidecar_turns_served_elsewhere_total") == 1
-        # its whole history went to a worker that did not hold it: counted as recomputed
-        assert await _metric(base, "sidecar_rehomed_recompute_tokens_total") == history
+async def test_a_request_smg_sends_elsewhere_is_stopped_there_and_sent_again(routed):
+    sims, gateway, base = routed
+    agent, home, other = await _placed_agent(base, sims, "agent-a")
+    expected = agent.history_tokens
+    listings = gateway.listings
 
-        expected = agent.history_tokens
-        _, cached = await agent.turn(2)  # the next turn goes where the KV now is
-        assert cached == expected
-        assert len(_rids(sims[other], "agent-b")) == 3  # turn 1 twice (both landed there), turn 2
-    finally:
-        await _teardown(sims, gateway, runner)
+    gateway.shift = 1  # smg's index points at the other worker for one request
+    _, cached = await agent.turn(1)
+
+    assert cached == expected  # served on its own worker after all: its history was there
+    assert (await _session(base, "agent-a"))["worker"] == home
+    stray = _rids(sims[other], "agent-a")
+    assert len(stray) == 1 and stray[0] in {a["rid"] for a in sims[other].aborts}  # stopped there
+    assert [r for r in _rids(sims[home], "agent-a") if r.startswith(stray[0])]  # sent again to its worker
+    assert gateway.listings > listings  # after re-reading smg's listing
+    assert await _metric(base, "sidecar_turns_served_elsewhere_total") == 0
+
+
+async def test_a_turn_smg_keeps_serving_elsewhere_moves_the_session_and_is_counted(routed):
+    sims, gateway, base = routed
+    agent, home, other = await _placed_agent(base, sims, "agent-b")
+    history = agent.sent_tokens
+
+    gateway.always_shift = True  # the sidecar's re-read listing does not help: smg still sends it elsewhere
+    await agent.turn(1)
+    gateway.always_shift = False
+
+    session = await _session(base, "agent-b")
+    assert session["worker"] == other and session["rehomed"] == 1  # its KV is there now
+    assert await _metric(base, "sidecar_turns_served_elsewhere_total") == 1
+    # its whole history went to a worker that did not hold it: counted as recomputed
+    assert await _metric(base, "sidecar_rehomed_recompute_tokens_total") == history
+
+    expected = agent.history_tokens
+    _, cached = await agent.turn(2)  # the next turn goes where the KV now is
+    assert cached == expected
+    assert len(_rids(sims[other], "agent-b")) == 3  # turn 1 twice (both landed there), turn 2
