@@ -21,7 +21,7 @@ from sidecar.engine.capacity import EngineCapacity
 from sidecar.engine.client import EngineClient
 from sidecar.engine.generate import after_turn_body
 from sidecar.engine.lease import LeaseRequest
-from sidecar.engine.smg import ROUTED_WORKER_HEADER, TARGET_WORKER_HEADER, SmgWorker, target_index
+from sidecar.engine.smg import ROUTED_WORKER_HEADER, TARGET_WORKER_HEADER, SmgWorker, parse_workers, target_index
 from sidecar.errors import APIError, engine_error, engine_unavailable
 
 log = logging.getLogger("sidecar.engine")
@@ -93,8 +93,6 @@ class SmgGateway:
         self.worker_at: Callable[[str], Worker | None] = lambda url: None  # the Workers set it
 
     async def read_listing(self) -> list[SmgWorker]:
-        from sidecar.engine.smg import parse_workers
-
         try:
             self.listing = parse_workers(await self.client.get_json("/workers"))
         except ValueError as exc:
@@ -177,12 +175,12 @@ class WorkerRoute:
         return resent
 
     def _check_routed(self, headers: Any, accept: bool) -> None:
-        served = headers.get(ROUTED_WORKER_HEADER)
-        if not served or served.rstrip("/") == self.worker.url:
+        served = (headers.get(ROUTED_WORKER_HEADER) or "").rstrip("/")
+        if not served or served == self.worker.url:
             return
         if not accept:
-            raise ServedElsewhere(served.rstrip("/"))
-        self.served_by = served.rstrip("/")
+            raise ServedElsewhere(served)
+        self.served_by = served
 
     async def _reread_listing(self, gateway: SmgGateway, why: str, err: APIError | None = None) -> None:
         """smg's listing again; if it no longer has the worker healthy, the worker is down."""

@@ -21,8 +21,8 @@ Contract (all times ``time.monotonic()``):
   every ~1 s      ``sessions_to_close(now)``: the store forgets those (releasing their leases)
   engine info     ``set_capacity(capacity, worker)`` whenever a worker reports (again) what it holds;
                   ``set_placeable(worker, bool)`` as workers go down, leave or come back
-  placement       after ``admit``, ``worker_of(sid)`` names the session's worker; ``unplace(sid)``
-                  when that worker is lost
+  placement       after ``admit``, ``worker_of(sid)`` names the session's worker;
+                  ``relocate(sid, worker)`` when its KV moved (None: its worker was lost)
 """
 
 from __future__ import annotations
@@ -77,11 +77,9 @@ class SessionPolicy(Protocol):
     def set_placeable(self, worker: str, placeable: bool) -> None:
         """New sessions may (no longer) be placed on ``worker``."""
 
-    def unplace(self, session_id: str) -> None:
-        """The session's worker was lost: its next request is placed afresh."""
-
-    def relocate(self, session_id: str, worker: str) -> None:
-        """The session's KV is on ``worker`` now (a turn was served there)."""
+    def relocate(self, session_id: str, worker: str | None) -> None:
+        """The session's KV is on ``worker`` now (a turn was served there); None: its worker was
+        lost, and its next request is placed afresh."""
 
     def worker_of(self, session_id: str) -> str | None:
         """The worker the session was placed on (admission or a forced placement decided)."""

@@ -133,11 +133,10 @@ class LeasePolicy:
         Only a new session's first request is gated (and only with admission enabled).
         """
         record = self._record(session_id)
-        projected = prompt_tokens + self._projected_growth()
         if is_new_session and self.admission_settings.enabled:
-            return self.gate.offer(session_id, prompt_tokens, projected, on_grant)
+            return self.gate.offer(session_id, prompt_tokens, prompt_tokens + self._projected_growth(), on_grant)
         if record.worker is None or record.worker not in self.capacities:  # not placed (admission off, re-homed)
-            worker = self.choose(projected, force=True)
+            worker = self.choose(prompt_tokens + self._projected_growth(), force=True)
             if worker is not None:
                 self.assign(session_id, worker)
         return self.gate.let_through(session_id, prompt_tokens, on_grant)
@@ -284,14 +283,9 @@ class LeasePolicy:
             self.placeable.discard(worker)
         self.gate.pump()
 
-    def unplace(self, session_id: str) -> None:
-        """The session's worker is gone: its next request is placed afresh (a full recompute)."""
-        record = self.sessions.record(session_id)
-        if record is not None:
-            record.worker = None
-
-    def relocate(self, session_id: str, worker: str) -> None:
-        """The session's KV is on ``worker`` now (a turn was served there): it lives there."""
+    def relocate(self, session_id: str, worker: str | None) -> None:
+        """The session's KV is on ``worker`` now (a turn was served there); None: its worker is
+        gone and its next request is placed afresh."""
         record = self.sessions.record(session_id)
         if record is not None:
             record.worker = worker

@@ -7,6 +7,7 @@ failed, aborted or rejected request never changes what the next turn continues f
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import AsyncIterator
@@ -244,10 +245,12 @@ class Turn:
 
     @property
     def result(self) -> GenerationResult:
+        """The generation's result as the agent may see it (in the shared cache namespace, its
+        cached tokens only as far as its own history or the whole shared block explain them)."""
         result = self.generation.result
-        if self._cached_view is not None:
-            result.cached_tokens = _visible_cached(result.cached_tokens, *self._cached_view)
-        return result
+        if self._cached_view is None:
+            return result
+        return dataclasses.replace(result, cached_tokens=_visible_cached(result.cached_tokens, *self._cached_view))
 
     def events(self) -> AsyncIterator[Event]:
         """The reply's content and tool-call events as the engine streams them."""
@@ -280,8 +283,8 @@ class Turn:
         parser = get_tool_parser(parser_name)
         forced = parser.forced_prefix(req.forced_tool) if req.tool_choice == "required" else None
         worker = self._session_worker(session, res)
-        await core.require_engine_info(worker or core.workers.first())
-        limit_worker = worker or core.workers.first()
+        limit_worker = worker or core.workers.first()  # placement may still choose: any worker's limit
+        await core.require_engine_info(limit_worker)
         limit = core.settings.max_prompt_tokens or limit_worker.capacity.max_req_input_len
         try:
             if large:
@@ -339,7 +342,7 @@ class Turn:
             return worker
         session.worker = None
         session.rehomed += 1
-        core.policy.unplace(session.id)
+        core.policy.relocate(session.id, None)
         core.metrics.sessions_rehomed.inc()
         self._rehomed_history = len(res.base.token_ids) if res.base is not None else 0
         log.warning("session %s: worker %s lost; it continues on another worker (its history is read back "

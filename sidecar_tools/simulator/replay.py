@@ -26,7 +26,7 @@ may send a request to another). Without a sidecar the replay places sessions wit
 own that only places (``SidecarLoop.placement``: mode off, admission off: the roomiest worker by
 projected footprint). ``worker_losses`` kill a worker at a virtual time: its in-flight requests
 fail (the agent resends the turn after ``RETRY_AFTER_S``, as an OpenAI client retries a 502), its
-sessions are re-homed on their next turn (``LeasePolicy.unplace``, as ``sidecar/turn/core.py``
+sessions are re-homed on their next turn (``LeasePolicy.relocate(sid, None)``, as ``sidecar/turn/core.py``
 does) and recomputed there, unless a ``shared_l3.SharedL3`` store holds their KV: then the first
 turn on the new worker reads it back first.
 """
@@ -128,7 +128,7 @@ class SidecarLoop:
 
     def rehome(self, session_id: str) -> None:
         """The session's worker is gone: placement chooses again for its next request."""
-        self.policy.unplace(session_id)
+        self.policy.relocate(session_id, None)
 
     def poll_interval(self) -> float:
         return self.gate.settings.poll_interval
