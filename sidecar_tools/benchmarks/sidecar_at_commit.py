@@ -1,0 +1,35 @@
+"""Start the sidecar of another commit, for the load test's ``LOAD_TEST_SIDECAR_LAUNCH``: the same
+load test and engine stand-in then measure an older sidecar against this one.
+
+    git worktree add /tmp/sidecar-old c20c19b
+    LOAD_TEST_SIDECAR_LAUNCH="python3 -m sidecar_tools.benchmarks.sidecar_at_commit /tmp/sidecar-old" \\
+        python -m sidecar_tools.benchmarks.load_test --mode sidecar --sessions 250 --duration 30 ...
+
+The worktree's ``sidecar`` package goes first on ``sys.path``; flags the older CLI did not have
+(``--model-name``, which the load test passes) are dropped.
+"""
+
+from __future__ import annotations
+
+import sys
+
+FLAGS_WITH_VALUE_IT_MAY_LACK = ("--model-name",)
+
+
+def main() -> None:
+    worktree, *argv = sys.argv[1:]
+    for flag in FLAGS_WITH_VALUE_IT_MAY_LACK:
+        if flag in argv:
+            i = argv.index(flag)
+            del argv[i : i + 2]
+    sys.path.insert(0, worktree)
+    for name in [m for m in sys.modules if m == "sidecar" or m.startswith("sidecar.")]:
+        del sys.modules[name]  # this repo's, if anything imported it
+    sys.argv = ["sidecar", *argv]
+    from sidecar.cli import main as sidecar_main
+
+    sidecar_main()
+
+
+if __name__ == "__main__":
+    main()
