@@ -91,6 +91,7 @@ class SmgGateway:
         self.client = client
         self.listing: list[SmgWorker] = []
         self.worker_at: Callable[[str], Worker | None] = lambda url: None  # the Workers set it
+        self._warned_shift = False
 
     async def read_listing(self) -> list[SmgWorker]:
         try:
@@ -98,6 +99,14 @@ class SmgGateway:
         except ValueError as exc:
             raise engine_error(str(exc)) from None
         return self.listing
+
+    def warn_unlisted_shift(self) -> None:
+        """smg sent a request elsewhere although its listing did not change: its available set is
+        not what the listing shows, which its circuit breaker does (it is not in the listing)."""
+        if not self._warned_shift:
+            self._warned_shift = True
+            log.warning("smg routed a request to another worker than its listing says; start smg with "
+                        "--disable-circuit-breaker so that X-SMG-Target-Worker indexes what GET /workers lists")
 
     def headers_for(self, url: str) -> dict[str, str]:
         index = target_index(self.listing, url)
@@ -157,7 +166,10 @@ class WorkerRoute:
                 other = gateway.worker_at(elsewhere.url)
                 if other is not None:
                     await other.client.abort(payload["rid"])
+                before = gateway.listing
                 await self._reread_listing(gateway, "smg routed its request elsewhere")
+                if gateway.listing == before:
+                    gateway.warn_unlisted_shift()
                 # a new rid: the aborted one may still be known where it landed
                 payload = {**payload, "rid": self._resent_rid(payload["rid"])}
             except APIError as err:

@@ -9,6 +9,8 @@ and sent again; one that keeps landing elsewhere is served there and the session
 
 from __future__ import annotations
 
+import logging
+
 import aiohttp
 import pytest
 from aiohttp import web
@@ -166,18 +168,21 @@ async def test_a_request_smg_sends_elsewhere_is_stopped_there_and_sent_again(rou
     assert await _metric(base, "sidecar_turns_served_elsewhere_total") == 0
 
 
-async def test_a_turn_smg_keeps_serving_elsewhere_moves_the_session_and_is_counted(routed):
+async def test_a_turn_smg_keeps_serving_elsewhere_moves_the_session_and_is_counted(routed, caplog):
     sims, gateway, base = routed
     agent, home, other = await _placed_agent(base, sims, "agent-b")
     history = agent.sent_tokens
 
     gateway.always_shift = True  # the sidecar's re-read listing does not help: smg still sends it elsewhere
-    await agent.turn(1)
+    with caplog.at_level(logging.WARNING, logger="sidecar.engine"):
+        await agent.turn(1)
     gateway.always_shift = False
 
     session = await _session(base, "agent-b")
     assert session["worker"] == other and session["rehomed"] == 1  # its KV is there now
     assert await _metric(base, "sidecar_turns_served_elsewhere_total") == 1
+    # the listing never changed: what smg's circuit breaker does, and the operator is told the flag
+    assert sum("--disable-circuit-breaker" in r.getMessage() for r in caplog.records) == 1
     # its whole history went to a worker that did not hold it: counted as recomputed
     assert await _metric(base, "sidecar_rehomed_recompute_tokens_total") == history
 
