@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Admission rule at 0.5 / 5 / 60 s tool gaps: LRU, the product before and after the duty-cycle /
 # time-horizon gate, and the plugin alone. Simulator runs (sglang-sidecar simulate), not GPU runs.
-#   bash benchmarks/results/sim/admission/run.sh [OUT]     (from the repo root; ~12 s per run on 2 cores)
+#   bash benchmarks/scripts/sim/admission/run.sh [OUT]     (from the repo root; ~12 s per run on 2 cores)
 set -uo pipefail
 OUT=${1:-benchmarks/results/sim/admission}
 mkdir -p "$OUT"; CMDS=$OUT/commands.txt; : >"$CMDS"
@@ -26,4 +26,4 @@ for seed in 2 3 4; do          # 2 = the reference preset's own seed (the GPU ru
     [ $seed = 2 ] && sim "dutycycle-only-${gap}s-seed$seed" --seed $seed --tool-wait $gap "${PRODUCT[@]}" --sidecar-set admission.projection_horizon_s=0
   done
 done
-python3 benchmarks/results/sim/admission/table.py "$OUT" > "$OUT/table.md"
+python3 benchmarks/scripts/sim/admission/table.py "$OUT" > "$OUT/table.md"

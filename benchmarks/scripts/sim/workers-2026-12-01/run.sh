@@ -3,7 +3,7 @@
 # the simulator's --workers / --lose-worker / --shared-l3 on the GPU matrix's "overload" workload:
 # 48 agents x 16 turns of the reference trace as the H200 ran it (its trace file), 0.5 s gaps,
 # 173,200 GPU KV tokens + host ratio 1 per worker.
-#   bash benchmarks/results/sim/workers-2026-12-01/run.sh [OUT] [--jobs N]   (from the repo root;
+#   bash benchmarks/scripts/sim/workers-2026-12-01/run.sh [OUT] [--jobs N]   (from the repo root;
 #   ~20-40 s per run, the SGLang import included)
 # Each run: <name>.json + <name>-turns.csv (the benchmark's format; per-worker load under "workers",
 # the loss's cost under "faults") and <name>.txt (what the command printed); commands.txt lists them.
@@ -34,4 +34,4 @@ sim product-3w-lose0-l3-1   "${PRODUCT[@]}" --workers 3 --lose-worker 0@30 --sha
 sim product-3w-lose0-l3-4   "${PRODUCT[@]}" --workers 3 --lose-worker 0@30 --shared-l3 --l3-read-gbps 4
 sim product-3w-lose0-l3-16  "${PRODUCT[@]}" --workers 3 --lose-worker 0@30 --shared-l3 --l3-read-gbps 16
 wait
-python3 benchmarks/results/sim/workers-2026-12-01/table.py "$OUT" > "$OUT/table.md"
+python3 benchmarks/scripts/sim/workers-2026-12-01/table.py "$OUT" > "$OUT/table.md"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Converts the public recorded traces into agent-trace-v1 and replays their gaps (no GPU, ~30 s).
-#   bash benchmarks/results/real-traces/convert.sh TRACELAB_GIT_DIR LMCACHE_GIT_DIR
+#   bash benchmarks/scripts/real-traces/convert.sh TRACELAB_GIT_DIR LMCACHE_GIT_DIR
 # Each argument is a clone (or a bare mirror) of github.com/uw-syfi/TraceLab and
 # github.com/LMCache/lmcache-agent-trace; the files are read at the pinned commits below.
 set -euo pipefail

@@ -1,6 +1,6 @@
 """Run many `sglang-sidecar simulate` commands in one process pool (shares the SGLang import).
 
-    python3 benchmarks/results/sim/target-search/driver.py JOBS.json OUTDIR [WORKERS]
+    python3 benchmarks/scripts/sim/target-search/driver.py JOBS.json OUTDIR [WORKERS]
 JOBS.json: [[name, [simulate args...]], ...]; each run is saved as OUTDIR/<name>.json (+ -turns.csv)
 exactly as `sglang-sidecar simulate ... --name NAME --out OUTDIR` would save it; the command line is
 appended to OUTDIR/commands.txt. Simulator results, not GPU runs.

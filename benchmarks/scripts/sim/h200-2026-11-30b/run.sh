@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The simulator on every GPU run of benchmarks/results/h200-2026-11-30b (same trace file, same
 # configs, same names once -generate/-openai is dropped), then the fidelity table against them.
-#   bash benchmarks/results/sim/h200-2026-11-30b/run.sh [OUT]     (repo root; ~15 s per run on 2 cores)
+#   bash benchmarks/scripts/sim/h200-2026-11-30b/run.sh [OUT]     (repo root; ~15 s per run on 2 cores)
 set -uo pipefail
 OUT=${1:-benchmarks/results/sim/h200-2026-11-30b}
 GPU=benchmarks/results/h200-2026-11-30b

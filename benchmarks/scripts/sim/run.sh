@@ -2,7 +2,7 @@
 # Simulated runs of the reference workload (24 sessions x 16 turns, 173,200 KV tokens): one per
 # GPU run we have (same config, same name once -generate/-openai is dropped), predictions for the
 # current product, the fidelity table and the what-if tables.
-#   bash benchmarks/results/sim/run.sh [OUT]      (from the repo root; ~12 s per run on 2 cores)
+#   bash benchmarks/scripts/sim/run.sh [OUT]      (from the repo root; ~12 s per run on 2 cores)
 # Each run: <name>.json + <name>-turns.csv (sidecar_tools.benchmarks.replay's format); timings.tsv: wall seconds
 # of the whole command (SGLang import included) and of the replay loop alone.
 set -uo pipefail
@@ -23,7 +23,7 @@ sim() {  # NAME ARGS...
 OLD_PLUGIN=', "prefer_leased_requests": false'   # the plugin as run on the H200 (f693d7f)
 OLD_SIDECAR=(--sidecar-config configs/coding-agent.toml --sidecar-set admission.projection_turns=1)
 
-# /work/shared/gpu/README.md table (simulator/calibration/gpu-readme-runs.json)
+# the offline kit's reference table (docs/gpu-kit.md; simulator/calibration/gpu-readme-runs.json)
 sim lru-0.5s             --kv-tokens 173200 --policy lru
 sim unconstrained-0.5s   --kv-tokens 600000 --policy lru
 sim tlru-0.5s            --kv-tokens 173200 --policy tlru --policy-config '{"threshold": 4096, "next_prompt_estimate": 1024}'
@@ -49,5 +49,8 @@ sim now-sidecar-5s       --kv-tokens 173200 --policy session_ttl --policy-config
 # GPU numbers: the targets files in simulator/calibration/ (README table + the 2026-11-30 session)
 echo "sglang-sidecar simulate fidelity $OUT --md $OUT/fidelity.md" >>"$CMDS"
 sglang-sidecar simulate fidelity "$OUT" --md "$OUT/fidelity.md"
-echo "python benchmarks/results/sim/whatif.py > $OUT/whatif.md" >>"$CMDS"
-python benchmarks/results/sim/whatif.py 2>/dev/null >"$OUT/whatif.md"
+# (WHATIF=0 skips the what-if tables, ~1-2 min: the scripts' smoke test does)
+if [ "${WHATIF:-1}" != 0 ]; then
+  echo "python3 benchmarks/scripts/sim/whatif.py > $OUT/whatif.md" >>"$CMDS"
+  python3 benchmarks/scripts/sim/whatif.py 2>/dev/null >"$OUT/whatif.md"
+fi

@@ -1,6 +1,6 @@
 """Tabulate the target-search candidates against LRU (simulator runs, not GPU runs).
 
-    python3 benchmarks/results/sim/target-search/table.py > benchmarks/results/sim/target-search/table.md
+    python3 benchmarks/scripts/sim/target-search/table.py > benchmarks/results/sim/target-search/table.md
 """
 import json
 import sys
