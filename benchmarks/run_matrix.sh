@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/run_matrix.sh OUT_DIR [RUN ...]          RUN = CONFIG-WORKLOAD
 #
-# Needs the offline kit installed (/tmp/sglang-env.sh, serve.sh; see /work/shared/gpu/README.md) and
+# Needs the offline kit installed (/tmp/sglang-env.sh, serve.sh; see benchmarks/gpu_kit/README.md) and
 # this package installed where SGLang finds the plugin (benchmarks/gpu_session.sh setup).
 #
 # Configs (what a user would run):
