@@ -8,7 +8,7 @@ from the settings.
 Contract (all times ``time.monotonic()``):
   store           ``bind(store)`` once; ``new_record(sid)`` for each session it opens;
                   ``on_session_closed(record, reason)`` for each session it forgets
-  per request     ``await admit(sid, prompt_tokens, is_new_session)``   (AdmissionRejected -> 429)
+  per request     ``await admit(sid, prompt_tokens, is_new_session, scope)``   (AdmissionRejected -> 429)
                   ``on_request(sid, prompt_tokens, now)``
                   ``lease = lease_request(sid, prompt_tokens, now)``  -> the lease the request asks
                                                  SGLang for (TTL + expected return), or None
@@ -53,8 +53,9 @@ class SessionPolicy(Protocol):
     def new_record(self, session_id: str) -> SessionRecord:
         """The record of a session the store opens."""
 
-    async def admit(self, session_id: str, prompt_tokens: int, is_new_session: bool) -> None:
-        """Wait until the request may go to the engine; raise AdmissionRejected if it may not queue."""
+    async def admit(self, session_id: str, prompt_tokens: int, is_new_session: bool, scope: str = "") -> None:
+        """Wait until the request may go to the engine; raise AdmissionRejected if it may not queue
+        (``scope``: the key it came with; keys are served in turn, each within its share)."""
 
     def release_admission(self, session_id: str) -> None:
         """The request admitted by ``admit`` is over (finished, failed or aborted)."""
@@ -106,8 +107,8 @@ def build_policy(
     worker: str = "",
 ) -> SessionPolicy:
     """The policy the settings ask for. ``settings`` is the whole SidecarSettings; the policy reads
-    its [policy] and [admission] sections, and from [server] the idle grace and how many closed
-    sessions to remember (max_sessions).
+    its [policy] and [admission] sections, and from [server] the idle grace, how many closed
+    sessions to remember (max_sessions) and each key's share of the admission queue.
 
     Always a LeasePolicy (mode=off still closes idle sessions and reports metrics); ``registry``
     is the prometheus CollectorRegistry the sidecar's /metrics serves.
@@ -123,4 +124,5 @@ def build_policy(
         registry=registry,
         clock=clock,
         worker=worker,
+        key_queue_share=settings.server.key_queue_share,
     )

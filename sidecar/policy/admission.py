@@ -1,23 +1,44 @@
-"""Admission of new sessions: a FIFO-fair, bounded queue in front of the KV pool.
+"""Admission of new sessions: a bounded queue in front of the KV pools, fair across keys.
 
-Rule: the session at the head of the queue may start when
-    projected tokens of the resident sessions + its own projected tokens <= headroom * capacity,
-or when nothing is resident (a lone session always runs, so the gate cannot deadlock), or when it
-has waited ``max_wait`` seconds (if > 0; SGLang's own eviction then has the last word).
-The rule itself lives in one place, the ``Placement`` (``sidecar.policy.placement``: one pool, or
-the worker with most room); what "projected tokens" means (turns ahead, idle sessions' weight) is
-LeasePolicy's, documented in ``sidecar.policy.lease_policy``.
-Nobody overtakes the head. A full queue raises AdmissionRejected (the caller answers 429 with
-Retry-After). Only new sessions' first requests come here; the caller lets the others through.
+Who is gated: only a new session's first request, and only with ``[admission] enabled``; every
+other request is let through at once (``LeasePolicy.offer_admission``). The turn core answers a
+rejection (``AdmissionRejected``) with 429 + Retry-After.
 
-``AdmissionQueue`` makes every decision synchronously (offer, pump, cancel) on the injected
-clock, so a virtual-time replay drives the same code as the server; ``AdmissionGate`` adds the
-asyncio wait the HTTP layer awaits.
+The rule: the session at the head of the queue starts on a worker (``placement.choose_worker``,
+the roomiest that fits) when
+    projected tokens of that worker + the session's own projection <= headroom x (GPU + host tokens),
+or when the worker has nothing resident (a lone session always runs, so the gate cannot deadlock),
+or when it has waited ``max_wait`` seconds (then on the roomiest worker; SGLang's eviction has the
+last word). What is counted (``projection.Projection.projected`` over ``residency.Residency``):
+    a new session   its prompt + growth per turn x turns ahead (``Projection.turns_ahead``: with a
+                    host tier ``host_tier_projection_turns``, else the turns of
+                    ``projection_horizon_s`` at the learned turn cycle, or ``projection_turns``);
+    with a host tier every open session holding KV, as measured (its context) + growth per turn x
+                    the turns it has left of its projection, at least one: a session near the end
+                    of its projected turns adds little more, so the next wave starts while the
+                    first finishes, not once it has closed;
+    without one     the resident sessions (running, or idle under an unexpired lease): context +
+                    growth x turns ahead, an idle one weighted by its duty cycle with ``idle_weight
+                    = duty_cycle`` (service / (service + predicted remaining gap): leased KV of an
+                    agent out for 5 s is needed ~1/5 of the time; the plugin's leased-fraction bound
+                    and pressure valve give it up when running requests need the room).
+
+Order: keys are served round-robin (a key = an API key's scope; without auth every session has the
+same one, and the queue is plain FIFO): the next session to go is the head of the key whose turn it
+is, and nobody overtakes that head. A key holds at most ``key_share`` of ``max_queue``; when the
+queue is full, a key holding less than the largest key takes the place of that key's newest waiter
+(which gets AdmissionRejected), so N flooding keys cannot refuse another key's new session nor make
+it wait behind all of theirs.
+
+``AdmissionQueue`` makes every decision synchronously (offer, pump, cancel) on the injected clock,
+so a virtual-time replay drives the same code as the server; ``AdmissionGate`` adds the asyncio
+wait the turn core awaits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -27,28 +48,29 @@ from typing import Literal, Protocol
 from sidecar.policy.base import AdmissionRejected
 from sidecar.policy.settings import AdmissionSettings
 
-# (projected tokens of the resident sessions, number of resident sessions)
+
 class Placement(Protocol):
-    """Where a session of ``tokens`` projected tokens fits (``choose``: a worker, or None when it
-    fits nowhere; ``force``: the roomiest anyway), and where a grant puts it (``assign``).
-    ``placement.OnePool`` is the single-pool case."""
+    """Where a session of ``tokens`` projected tokens fits: a worker, or None when it fits nowhere
+    (``force``: the roomiest anyway). ``sidecar.policy.placement.Placement`` is the product's."""
 
     def choose(self, tokens: float, force: bool = False) -> str | None: ...
-
-    def assign(self, session_id: str, worker: str) -> None: ...
 
 
 @dataclass(eq=False)
 class AdmissionTicket:
-    """One session's request to start, from offer to grant (or cancel)."""
+    """One session's request to start, from offer to grant (or cancel, or rejection)."""
 
     session_id: str
     prompt_tokens: int
-    tokens: float  # projected to the end of its next turn
+    tokens: float  # projected to the end of its next turns
+    scope: str = ""  # the key it came with
     enqueued_at: float | None = None  # None: it never queued
-    state: Literal["waiting", "granted", "cancelled"] = "waiting"
+    state: Literal["waiting", "granted", "cancelled", "rejected"] = "waiting"
     # runs once, right after the grant (inside offer or pump); the request may start from then on
     on_grant: Callable[[], None] | None = None
+    # a waiting ticket gave its place to another key's session: it will not start
+    on_reject: Callable[[], None] | None = None
+    retry_after_s: float = 0.0
 
     @property
     def granted(self) -> bool:
@@ -60,17 +82,18 @@ class AdmissionTicket:
 
 
 class AdmissionQueue:
-    """The admission decisions, without an event loop: time passes through ``clock`` and
-    whoever changes the resident sessions calls ``pump``."""
+    """The admission decisions, without an event loop: time passes through ``clock`` and whoever
+    changes the residency calls ``pump``."""
 
     def __init__(
         self,
         settings: AdmissionSettings,
         placement: Placement,
-        grant: Callable[[str, int], None],  # (session id, prompt tokens): it runs from now on
+        grant: Callable[[str, int, str | None], None],  # (session, prompt tokens, worker): it runs from now on
         ungrant: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
         metrics=None,
+        key_share: float = 1.0,
     ):
         self.settings = settings
         self.placement = placement
@@ -78,12 +101,19 @@ class AdmissionQueue:
         self._ungrant = ungrant
         self._clock = clock
         self._metrics = metrics
-        self._queue: deque[AdmissionTicket] = deque()
+        self.key_limit = max(1, math.floor(key_share * settings.max_queue))
+        self._keys: dict[str, deque[AdmissionTicket]] = {}  # waiting tickets by key, in serving order
+        self._length = 0
         self._mean_wait: float | None = None
 
     @property
     def queue_length(self) -> int:
-        return len(self._queue)
+        return self._length
+
+    def waiting_of(self, scope: str) -> int:
+        """New sessions of ``scope`` waiting now."""
+        queue = self._keys.get(scope)
+        return len(queue) if queue else 0
 
     def retry_after_s(self) -> float:
         """Retry-After for a rejected session: the recent mean wait, at least the setting."""
@@ -95,19 +125,30 @@ class AdmissionQueue:
         prompt_tokens: int,
         tokens: float,
         on_grant: Callable[[], None] | None = None,
+        scope: str = "",
     ) -> AdmissionTicket:
         """A new session (``tokens`` projected) asks to start: granted now when nobody waits and
-        it fits, else queued (granted by a later ``pump``); AdmissionRejected if the queue is full."""
-        ticket = AdmissionTicket(session_id, prompt_tokens, tokens, on_grant=on_grant)
-        worker = None if self._queue else self.placement.choose(tokens)
+        it fits, else queued (granted by a later ``pump``); AdmissionRejected if its key's share
+        or the queue is full."""
+        ticket = AdmissionTicket(session_id, prompt_tokens, tokens, scope, on_grant=on_grant)
+        worker = None if self._length else self.placement.choose(tokens)
         if worker is not None:
             self._admit(ticket, "immediate", 0.0, worker)
             return ticket
-        if len(self._queue) >= self.settings.max_queue:
+        own = self.waiting_of(scope)
+        if scope and own >= self.key_limit:
+            self._record("rejected", None)
+            raise AdmissionRejected(
+                self.retry_after_s(),
+                f"this key already has {own} new sessions waiting for admission (its share of the queue)",
+                "key_queue_share_exceeded",
+            )
+        if self._length >= self.settings.max_queue and not self._displace_for(scope):
             self._record("rejected", None)
             raise AdmissionRejected(self.retry_after_s())
         ticket.enqueued_at = self._clock()
-        self._queue.append(ticket)
+        self._keys.setdefault(scope, deque()).append(ticket)
+        self._length += 1
         self.pump()
         return ticket
 
@@ -121,30 +162,32 @@ class AdmissionQueue:
         return ticket
 
     def next_deadline(self) -> float | None:
-        """When the head of the queue reaches ``max_wait`` (None: nobody waits, or no limit).
-        Whoever drives the queue must pump at this time, not at its next periodic pass, or the
-        wait overshoots ``max_wait`` by up to one period."""
-        if not self._queue or self.settings.max_wait <= 0:
+        """When the first waiter reaches ``max_wait`` (None: nobody waits, or no limit). Whoever
+        drives the queue must pump at this time, not at its next periodic pass, or the wait
+        overshoots ``max_wait`` by up to one period."""
+        if not self._length or self.settings.max_wait <= 0:
             return None
-        return self._queue[0].enqueued_at + self.settings.max_wait
+        return min(q[0].enqueued_at for q in self._keys.values()) + self.settings.max_wait
 
     def pump(self) -> int:
-        """Let waiters through from the head while they fit or have waited ``max_wait``;
-        returns how many went. Call it when time passed or the resident sessions changed."""
+        """Let waiters through, keys in turn, while the next one fits, and any that waited
+        ``max_wait``; returns how many went. Call it when time passed or the residency changed."""
         granted = 0
         now = self._clock()
-        while self._queue:
-            head = self._queue[0]
-            waited = now - head.enqueued_at
-            timed_out = self.settings.max_wait > 0 and waited >= self.settings.max_wait
+        while self._length:
+            key, head = self._next_timed_out(now)
+            timed_out = head is not None
+            if not timed_out:
+                key = next(iter(self._keys))  # whose turn it is
+                head = self._keys[key][0]
             worker = self.placement.choose(head.tokens)
             if worker is None and not timed_out:
                 break
-            self._queue.popleft()
+            self._pop(key)
             if worker is not None:
-                self._admit(head, "queued", waited, worker)
+                self._admit(head, "queued", now - head.enqueued_at, worker)
             else:  # waited long enough: the roomiest worker (SGLang's eviction has the last word)
-                self._admit(head, "timeout", waited, self.placement.choose(head.tokens, force=True))
+                self._admit(head, "timeout", now - head.enqueued_at, self.placement.choose(head.tokens, force=True))
             granted += 1
         return granted
 
@@ -156,15 +199,50 @@ class AdmissionQueue:
             self._ungrant(ticket.session_id)
         elif ticket.waiting:
             ticket.state = "cancelled"
-            if ticket in self._queue:
-                self._queue.remove(ticket)
+            queue = self._keys.get(ticket.scope)
+            if queue is not None and ticket in queue:
+                queue.remove(ticket)
+                self._length -= 1
+                if not queue:
+                    del self._keys[ticket.scope]
             self._record("cancelled", None)
             self.pump()
 
+    # ------------------------------------------------------------------ internals
+    def _next_timed_out(self, now: float) -> tuple[str | None, AdmissionTicket | None]:
+        """The longest-waiting head past ``max_wait``, if any."""
+        if self.settings.max_wait <= 0:
+            return None, None
+        key = min(self._keys, key=lambda k: self._keys[k][0].enqueued_at)
+        head = self._keys[key][0]
+        return (key, head) if now - head.enqueued_at >= self.settings.max_wait else (None, None)
+
+    def _pop(self, key: str) -> None:
+        """The head of ``key`` goes; the key's turn passes to the next key."""
+        queue = self._keys.pop(key)
+        queue.popleft()
+        self._length -= 1
+        if queue:
+            self._keys[key] = queue  # to the back of the round
+
+    def _displace_for(self, scope: str) -> bool:
+        """The queue is full: the key holding most gives up its newest waiter to ``scope`` if
+        ``scope`` holds fewer; False when it does not."""
+        largest = max(self._keys, key=lambda k: len(self._keys[k]))
+        if len(self._keys[largest]) <= self.waiting_of(scope) + 1:
+            return False
+        queue = self._keys[largest]
+        victim = queue.pop()
+        self._length -= 1
+        victim.state = "rejected"
+        victim.retry_after_s = self.retry_after_s()
+        self._record("rejected", None)
+        if victim.on_reject is not None:
+            victim.on_reject()
+        return True
+
     def _admit(self, ticket: AdmissionTicket, decision: str | None, waited: float | None, worker: str | None) -> None:
-        if worker is not None:  # a gated session starts on the worker it fits (or was forced onto)
-            self.placement.assign(ticket.session_id, worker)
-        self._grant(ticket.session_id, ticket.prompt_tokens)
+        self._grant(ticket.session_id, ticket.prompt_tokens, worker)
         ticket.state = "granted"
         if decision is not None:
             self._record(decision, waited)
@@ -179,31 +257,30 @@ class AdmissionQueue:
 
 
 class AdmissionGate(AdmissionQueue):
-    """``AdmissionQueue`` for asyncio callers: ``wait`` returns once the session may start."""
-
-    async def wait(self, session_id: str, prompt_tokens: int, tokens: float) -> None:
-        """Return once the session (``tokens`` projected) may start; AdmissionRejected if the queue is full."""
-        await self.until_granted(self.offer(session_id, prompt_tokens, tokens))
+    """``AdmissionQueue`` for asyncio callers: ``until_granted`` returns once the session may start."""
 
     async def until_granted(self, ticket: AdmissionTicket) -> None:
         """Wait for ``ticket``'s grant, pumping every ``poll_interval`` (leases expire) and at the
-        head's ``max_wait`` deadline exactly; cancelling the wait cancels the ticket."""
+        first waiter's ``max_wait`` deadline exactly; cancelling the wait cancels the ticket;
+        AdmissionRejected if another key's session took its place."""
         if ticket.granted:
             return
-        granted = asyncio.get_running_loop().create_future()
-        ticket.on_grant = lambda: granted.done() or granted.set_result(None)
+        woken = asyncio.get_running_loop().create_future()
+        ticket.on_grant = ticket.on_reject = lambda: woken.done() or woken.set_result(None)
         try:
             while ticket.waiting:
                 try:
-                    await asyncio.wait_for(asyncio.shield(granted), self._next_wake_in())
+                    await asyncio.wait_for(asyncio.shield(woken), self._next_wake_in())
                 except TimeoutError:
                     self.pump()
         except asyncio.CancelledError:
             self.cancel(ticket)  # still queued: it leaves; granted meanwhile: ungranted
             raise
+        if ticket.state == "rejected":
+            raise AdmissionRejected(ticket.retry_after_s)
 
     def _next_wake_in(self) -> float:
-        """Seconds to the next pump: the poll interval, or less when the head's deadline is sooner."""
+        """Seconds to the next pump: the poll interval, or less when a deadline is sooner."""
         deadline = self.next_deadline()
         wake = self.settings.poll_interval
         if deadline is not None:

@@ -8,11 +8,12 @@ from sidecar.engine.lease import LeaseRequest  # noqa: F401  (re-exported: the p
 
 
 class AdmissionRejected(Exception):
-    """The admission queue is full: the caller answers 429 with Retry-After."""
+    """The admission queue (or the key's share of it) is full: the caller answers 429 with Retry-After."""
 
-    def __init__(self, retry_after_s: float):
-        super().__init__(f"admission queue full; retry after {retry_after_s:.1f} s")
+    def __init__(self, retry_after_s: float, message: str | None = None, code: str = "admission_queue_full"):
+        super().__init__(message or f"admission queue full; retry after {retry_after_s:.1f} s")
         self.retry_after_s = retry_after_s
+        self.code = code  # the 429's error code
 
 
 @dataclass

@@ -1,28 +1,17 @@
-"""The sidecar's session policy: predictor + TTL rule + admission gate + when sessions close.
+"""The sidecar's session policy: one object the turn core calls, delegating each question.
+
+    admission   ``admission.AdmissionGate`` (the rule, in its docstring), on ``placement.Placement``
+                over ``residency.Residency`` (per-worker counters) and ``projection.Projection``;
+    leases      the predictor (``predictor``) and the TTL rule (``ttl``), final answers;
+    lifecycle   when an idle session closes (``lifecycle``).
 
 It keeps no session table: each session's record lives in the session store, which binds itself
 (``bind``) and asks for a new session's record (``new_record``). Call order per request (see
 ``sidecar.policy.SessionPolicy``):
     admit -> on_request -> lease_request -> (engine turn) -> on_turn_end [-> after_turn] -> release_admission
 and periodically the store's close_due(now): sessions_to_close(now) -> forget -> on_session_closed.
-All times are the injectable clock's (time.monotonic by default), like TurnEnd.finished_at.
-
-What the admission gate counts (``placement.WorkerRoom.fits``, per worker: sum <= headroom x KV
-pool). A session's projection is its context + growth x turns ahead, where
-    turns ahead = projection_horizon_s / cycle   (cycle: learned time from one request of a session
-                                                  to its next = service + tool gap; so agents with
-                                                  long tool gaps project fewer turns per horizon)
-                = projection_turns                (no horizon set, or no cycle observed yet).
-A running session counts its whole projection. An idle session under lease counts
-    full        its whole projection (its KV is held), or
-    duty_cycle  its projection x service / (service + remaining gap), remaining gap = the
-                predictor's median time to its return given how long it has been out.
-Why duty_cycle: leased KV of an agent that is out for 5 s is needed only ~1/5 of the time; counting
-it in full filled the gate with agents in tool gaps while the engine idled (simulator: 203 s vs
-LRU's 163 s at 5 s gaps). The gate then keeps the *running* working set within the pool; idle
-leased KV fills the rest and the plugin's ``max_leased_fraction`` bound and pressure valve give it
-up when running requests need the room (a recompute on that agent's return). An agent expected
-back within a fraction of a turn still counts ~in full, so short-gap workloads gate as before.
+Every call that changes a record tells the residency (``_count``). All times are the injectable
+clock's (time.monotonic by default), like TurnEnd.finished_at.
 """
 
 from __future__ import annotations
@@ -38,12 +27,12 @@ from sidecar.policy.base import LeaseRequest, TurnEnd
 from sidecar.policy.final_answers import ENDS_BELOW, FinalAnswerStats, with_chance_of_return
 from sidecar.policy.lifecycle import ClosedSessions, SessionRecord, SessionRecords
 from sidecar.policy.metrics import PolicyMetrics
-from sidecar.policy.placement import WorkerRoom, choose_worker
+from sidecar.policy.placement import Placement, WorkerRoom
 from sidecar.policy.predictor import NO_TOOL, ReturnTimePredictor, tool_keys
+from sidecar.policy.projection import Projection
+from sidecar.policy.residency import Residency
 from sidecar.policy.settings import AdmissionSettings, PolicySettings
 from sidecar.policy.ttl import LeaseTtlRule
-
-GROWTH_LEARNING_RATE = 0.1  # also the rate of the service-time and turn-cycle averages
 
 
 class LeasePolicy:
@@ -58,12 +47,10 @@ class LeasePolicy:
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
         worker: str = "",
+        key_queue_share: float = 1.0,
     ):
         self.settings = policy
         self.admission_settings = admission
-        # each worker's capacity, by name (its URL); the ones new sessions may be placed on
-        self.capacities: dict[str, EngineCapacity] = {worker: capacity}
-        self.placeable: set[str] = {worker}
         self.clock = clock
         self.predictor = ReturnTimePredictor(policy)
         self.ttl_rule = LeaseTtlRule(policy)
@@ -72,42 +59,42 @@ class LeasePolicy:
         self.closed = ClosedSessions(max_sessions)
         self.sessions: SessionRecords | None = None  # the session store, once it binds itself
         self.metrics = PolicyMetrics(registry if registry is not None else CollectorRegistry())
-        self.growth_tokens = float(admission.expected_growth_tokens)
-        # learned over all sessions: seconds from a request to its reply's end, and from one
-        # request of a session to its next (service + tool gap); None until observed
-        self.service_s: float | None = None
-        self.cycle_s: float | None = None
+        self.residency = Residency(admission.host_tier_projection_turns)
+        self.projection = Projection(admission, self.predictor)
+        self.placement = Placement(capacity, worker, admission.headroom, self.residency, self.projection, clock)
         self.gate = AdmissionGate(
             admission,
-            placement=self,
+            placement=self.placement,
             grant=self._start_request,
             ungrant=self.release_admission,
             clock=clock,
             metrics=self.metrics,
+            key_share=key_queue_share,
         )
 
     @property
     def capacity(self) -> EngineCapacity:
-        """The first worker's capacity: with one worker, the engine's (the pressure term and the
-        host-tier projection read it)."""
-        return next(iter(self.capacities.values()))
+        """The first worker's capacity: with one worker, the engine's."""
+        return self.placement.first
 
     def bind(self, sessions: SessionRecords) -> None:
         """The records this policy decides on: the session store's (it calls this itself)."""
         self.sessions = sessions
         self.metrics.bind_state(
             queue_length=lambda: self.gate.queue_length,
-            resident=lambda: self._resident_summary(self.clock()),
+            resident=lambda: self.placement.summary(None, self.clock()),
             sessions=lambda: len(sessions),
         )
-        self.metrics.bind_workers(self.worker_state)
+        self.metrics.bind_workers(self.placement.worker_state)
 
     def new_record(self, session_id: str) -> SessionRecord:
         """The record of a session the store is opening; a session closed earlier comes back with
         its open gap (so the predictor learns the true gap)."""
         now = self.clock()
         reopened = self.closed.reopen(session_id, now, self.predictor.grid.horizon_s)
-        return reopened if reopened is not None else SessionRecord(session_id=session_id, last_active=now)
+        record = reopened if reopened is not None else SessionRecord(session_id=session_id, last_active=now)
+        self._count(record, now)
+        return record
 
     def _record(self, session_id: str) -> SessionRecord:
         record = self.sessions.record(session_id)
@@ -115,10 +102,15 @@ class LeasePolicy:
             raise KeyError(f"no session {session_id!r} in the store (open it there first)")
         return record
 
+    def _count(self, record: SessionRecord, now: float | None = None) -> None:
+        """The record changed: the residency counts it anew."""
+        self.residency.update(record, self.clock() if now is None else now)
+
     # ------------------------------------------------------------------ admission
-    async def admit(self, session_id: str, prompt_tokens: int, is_new_session: bool) -> None:
-        """Wait until the request may start; AdmissionRejected when the queue is full."""
-        await self.gate.until_granted(self.offer_admission(session_id, prompt_tokens, is_new_session))
+    async def admit(self, session_id: str, prompt_tokens: int, is_new_session: bool, scope: str = "") -> None:
+        """Wait until the request may start; AdmissionRejected when the queue (or the key's share
+        of it) is full, or another key's session took its place."""
+        await self.gate.until_granted(self.offer_admission(session_id, prompt_tokens, is_new_session, scope=scope))
 
     def offer_admission(
         self,
@@ -126,6 +118,7 @@ class LeasePolicy:
         prompt_tokens: int,
         is_new_session: bool,
         on_grant: Callable[[], None] | None = None,
+        scope: str = "",
     ) -> AdmissionTicket:
         """``admit`` without an event loop: the ticket is granted now or by a later pump (then
         ``on_grant`` runs); AdmissionRejected when the queue is full.
@@ -133,10 +126,11 @@ class LeasePolicy:
         Only a new session's first request is gated (and only with admission enabled).
         """
         record = self._record(session_id)
+        growth = self.projection.growth(self.placement.hierarchy())
         if is_new_session and self.admission_settings.enabled:
-            return self.gate.offer(session_id, prompt_tokens, prompt_tokens + self._projected_growth(), on_grant)
-        if record.worker is None or record.worker not in self.capacities:  # not placed (admission off, re-homed)
-            worker = self.choose(prompt_tokens + self._projected_growth(), force=True)
+            return self.gate.offer(session_id, prompt_tokens, prompt_tokens + growth, on_grant, scope)
+        if record.worker is None or record.worker not in self.placement.capacities:  # not placed (admission off, re-homed)
+            worker = self.placement.choose(prompt_tokens + growth, force=True)
             if worker is not None:
                 self.assign(session_id, worker)
         return self.gate.let_through(session_id, prompt_tokens, on_grant)
@@ -147,15 +141,20 @@ class LeasePolicy:
         if state is not None:
             state.running = max(0, state.running - 1)
             state.last_active = max(state.last_active, self.clock())
+            self._count(state)
         self.gate.pump()
 
-    def _start_request(self, session_id: str, prompt_tokens: int) -> None:
+    def _start_request(self, session_id: str, prompt_tokens: int, worker: str | None = None) -> None:
         now = self.clock()
         state = self._record(session_id)
+        if worker is not None:  # a gated session starts on the worker it fits (or was forced onto)
+            state.worker = worker
+            self.metrics.worker_admission(worker)
         state.running += 1
         state.last_active = now
         if state.turn_ended_at is None:  # (else on_request settles the gap with the old size first)
             state.context_tokens = max(state.context_tokens, prompt_tokens)
+        self._count(state, now)
 
     # ------------------------------------------------------------------ turns
     def on_request(self, session_id: str, context_tokens: int, now: float) -> None:
@@ -163,19 +162,15 @@ class LeasePolicy:
         state = self._record(session_id)
         if state.turn_ended_at is not None:
             if state.request_started_at is not None:
-                self.cycle_s = _ewma(self.cycle_s, now - state.request_started_at)
+                self.projection.learn_cycle(now - state.request_started_at)
             self._close_gap(state, now)
         state.request_started_at = now
-        if (
-            self.admission_settings.learn_growth
-            and state.last_prompt_tokens is not None
-            and context_tokens >= state.last_prompt_tokens
-        ):
-            growth = context_tokens - state.last_prompt_tokens
-            self.growth_tokens += GROWTH_LEARNING_RATE * (growth - self.growth_tokens)
+        if state.last_prompt_tokens is not None and context_tokens >= state.last_prompt_tokens:
+            self.projection.learn_growth(context_tokens - state.last_prompt_tokens)
         state.last_prompt_tokens = context_tokens
         state.context_tokens = context_tokens
         state.last_active = max(state.last_active, now)
+        self._count(state, now)
 
     def lease_request(self, session_id: str, context_tokens: int, now: float) -> LeaseRequest | None:
         """The lease to send with this request (None = no lease): how long SGLang keeps the KV after
@@ -188,7 +183,7 @@ class LeasePolicy:
         dist = None
         if self.settings.mode == "predictive":
             dist = self.predictor.next_reply_distribution(state.gap_stats, context_tokens)
-        ttl = self.ttl_rule.ttl(dist, context_tokens, 0.0, self._resident_fraction(now, state.worker))
+        ttl = self.ttl_rule.ttl(dist, context_tokens, 0.0, self._pressure(state.worker, now))
         state.pending_ttl = ttl
         if ttl is None:
             return None
@@ -196,11 +191,6 @@ class LeasePolicy:
         if dist is None:  # a fixed lease: the expectation still comes from what was learned
             dist = self.predictor.next_reply_distribution(state.gap_stats, context_tokens)
         return LeaseRequest(ttl, *expected_return(dist))
-
-    def lease_ttl(self, session_id: str, context_tokens: int, now: float) -> float | None:
-        """The TTL of :meth:`lease_request` alone (for callers that send no expectation)."""
-        lease = self.lease_request(session_id, context_tokens, now)
-        return lease.ttl_s if lease is not None else None
 
     def lease_expiry(self, session_id: str) -> float | None:
         """When the lease the sidecar asked for ends (the policy's clock); None = no lease."""
@@ -213,7 +203,8 @@ class LeasePolicy:
         state = self._record(turn.session_id)
         state.context_tokens = turn.context_tokens
         if state.request_started_at is not None and state.turn_ended_at is None:
-            self.service_s = _ewma(self.service_s, max(0.0, now - state.request_started_at))
+            self.projection.learn_service(now - state.request_started_at)
+            state.turns += 1
         state.turn_ended_at = now
         state.turn_tools = tool_keys(turn.tool_names)
         state.last_active = max(state.last_active, now)
@@ -222,17 +213,8 @@ class LeasePolicy:
         predicted = self.predictor.distribution(state.turn_tools, state.gap_stats).median()
         state.predicted_gap_s = min(predicted, self.predictor.grid.horizon_s)
         self.metrics.gap_predicted_at_turn_end(state.predicted_gap_s)
+        self._count(state, now)
         self.gate.pump()
-
-    def revised_lease_ttl(self, session_id: str, now: float) -> float | None:
-        """Optional: a TTL counted from ``now``, now that the reply's tools are known, taken as the
-        session's lease (for a lease channel that can update a lease between requests; call it
-        right after ``on_turn_end`` and send the result). None = leave the lease as it is."""
-        lease = self.after_turn(session_id, now)
-        if lease is None:
-            return None
-        self.lease_revised(session_id, lease, now)
-        return lease.ttl_s
 
     def after_turn(self, session_id: str, now: float) -> LeaseRequest | None:
         """The lease and expected return counted from ``now``, now that the reply's tool calls
@@ -249,7 +231,7 @@ class LeasePolicy:
                 return LeaseRequest(self.settings.final_answer_ttl, None, None)
             dist = with_chance_of_return(back, p)  # the TTL weighs the chance that it ends here
         elapsed = max(0.0, now - state.turn_ended_at)
-        ttl = self.ttl_rule.ttl(dist, state.context_tokens, elapsed, self._resident_fraction(now, state.worker))
+        ttl = self.ttl_rule.ttl(dist, state.context_tokens, elapsed, self._pressure(state.worker, now))
         if ttl is None:
             return None
         return LeaseRequest(ttl, *expected_return(back, elapsed))  # when it is back, if it comes back
@@ -264,23 +246,18 @@ class LeasePolicy:
         if state is not None:
             state.lease_expires_at = now + lease.ttl_s
             self.metrics.lease_granted(lease.ttl_s)
+            self._count(state, now)
 
     def set_capacity(self, capacity: EngineCapacity, worker: str | None = None) -> None:
         """A worker told us (again) what it holds (a new name: a worker that joined, placeable from
         now on): admission and the pressure term use it from now on."""
-        worker = next(iter(self.capacities)) if worker is None else worker
-        if worker not in self.capacities:
-            self.placeable.add(worker)
-        self.capacities[worker] = capacity
+        self.placement.set_capacity(capacity, worker)
         self.gate.pump()
 
     # ------------------------------------------------------------------ placement (several workers)
     def set_placeable(self, worker: str, placeable: bool) -> None:
         """New sessions may (no longer) go to ``worker`` (it is down or was removed, or back)."""
-        if placeable and worker in self.capacities:
-            self.placeable.add(worker)
-        else:
-            self.placeable.discard(worker)
+        self.placement.set_placeable(worker, placeable)
         self.gate.pump()
 
     def relocate(self, session_id: str, worker: str | None) -> None:
@@ -289,45 +266,23 @@ class LeasePolicy:
         record = self.sessions.record(session_id)
         if record is not None:
             record.worker = worker
+            self._count(record)
 
     def worker_of(self, session_id: str) -> str | None:
         record = self.sessions.record(session_id)
         return record.worker if record is not None else None
 
     def rooms(self) -> list[WorkerRoom]:
-        now = self.clock()
-        out = []
-        for worker in self.capacities:
-            if worker not in self.placeable:
-                continue
-            _, projected, sessions = self._resident_summary(now, worker)
-            budget = self.admission_settings.headroom * self.capacities[worker].hierarchy_tokens
-            out.append(WorkerRoom(worker, budget, projected, sessions))
-        return out
-
-    def choose(self, tokens: float, force: bool = False) -> str | None:
-        """The placement the gate asks: the worker a session of ``tokens`` fits on, or None."""
-        return choose_worker(self.rooms(), tokens, force)
+        """Each placeable worker's room now (what placement compares)."""
+        return self.placement.rooms()
 
     def assign(self, session_id: str, worker: str) -> None:
+        """Place a session the gate does not hold (admission off, or re-homed) on ``worker``."""
         record = self.sessions.record(session_id)
         if record is not None:
             record.worker = worker
             self.metrics.worker_admission(worker)
-
-    def worker_state(self) -> dict[str, tuple[float, int, int]]:
-        """Per worker: (resident tokens, leases, sessions placed there), for /metrics."""
-        now = self.clock()
-        state = {w: [0.0, 0, 0] for w in self.capacities}
-        for r in self.sessions.records():
-            if r.worker in state:
-                entry = state[r.worker]
-                entry[2] += 1
-                if r.is_resident(now) or r.holds_kv():
-                    entry[0] += r.context_tokens
-                if r.lease_expires_at is not None and now < r.lease_expires_at:
-                    entry[1] += 1
-        return {w: (t, leases, n) for w, (t, leases, n) in state.items()}
+            self._count(record)
 
     # ------------------------------------------------------------------ lifecycle
     def sessions_to_close(self, now: float) -> list[str]:
@@ -343,6 +298,7 @@ class LeasePolicy:
         """The store forgot this session (``reason``: idle, capacity, memory, client, failed): an open gap
         is learned as censored ("not back") until the session comes back."""
         self._forget(record, self.clock(), "table_full" if reason in ("capacity", "memory") else "idle")
+        self.residency.remove(record)
         self.gate.pump()
 
     # ------------------------------------------------------------------ internals
@@ -383,76 +339,11 @@ class LeasePolicy:
             self.closed.remember(state)
         self.metrics.session_closed(reason)
 
-    def _resident_summary(self, now: float, worker: str | None = None) -> tuple[float, float, int]:
-        """(tokens, projected tokens as the gate counts them, sessions) of the resident sessions.
-
-        A session's projection is its context + ``_projected_growth()``. Without a host tier a
-        session is resident while it runs or holds a lease, and with ``idle_weight = duty_cycle``
-        an idle (leased) session's projection is scaled by ``_duty_cycle`` (running sessions
-        always count in full). With a host tier every open session that holds KV is resident,
-        in full: HiCache keeps its KV (on GPU or host) whether leased or not, until the host
-        tier runs out, so what must fit is the whole set of open sessions, not the leased ones.
-        """
-        capacity = self.capacities.get(worker, self.capacity) if worker is not None else self.capacity
-        hierarchy = capacity.host_tokens > 0
-        records = self.sessions.records()
-        if worker is not None and len(self.capacities) > 1:  # one worker's sessions only
-            records = [s for s in records if s.worker == worker]
-        resident = [s for s in records if s.is_resident(now) or (hierarchy and s.holds_kv())]
-        growth = self._projected_growth()
-        tokens = projected = 0.0
-        for s in resident:
-            tokens += s.context_tokens
-            weight = 1.0 if s.running > 0 or hierarchy else self._duty_cycle(s, now)
-            projected += weight * (s.context_tokens + growth)
-        return tokens, projected, len(resident)
-
-    def _turns_ahead(self) -> float:
-        """Turns of growth the gate projects: ``projection_horizon_s`` / learned turn cycle, else
-        (no horizon set, or no cycle observed yet) ``projection_turns``."""
-        if self.capacity.host_tokens > 0:
-            return self.admission_settings.host_tier_projection_turns
-        horizon = self.admission_settings.projection_horizon_s
-        if horizon > 0 and self.cycle_s:
-            return horizon / self.cycle_s
-        return self.admission_settings.projection_turns
-
-    def _projected_growth(self) -> float:
-        """Tokens a session is expected to add before admission is reconsidered."""
-        return self.growth_tokens * self._turns_ahead()
-
-    def _duty_cycle(self, state: SessionRecord, now: float) -> float:
-        """Share of the time from now to the end of an idle session's next turn that it runs:
-        service / (service + remaining gap), the remaining gap being the predictor's median time
-        to its return given how long it has been out (it grows for a session that is overdue).
-
-        1 with ``idle_weight = full``, or before a service time is known.
-        """
-        if self.admission_settings.idle_weight != "duty_cycle" or self.service_s is None:
-            return 1.0
-        if state.turn_ended_at is None:
-            return 1.0
-        dist = self.predictor.distribution(state.turn_tools, state.gap_stats)
-        remaining = dist.median(max(0.0, now - state.turn_ended_at))
-        if remaining == float("inf"):
+    def _pressure(self, worker: str | None, now: float) -> float:
+        """The TTL's pressure term: how full the session's worker is with resident sessions."""
+        if self.settings.kv_pressure_gain == 0 or self.settings.mode != "predictive":
             return 0.0
-        total = self.service_s + remaining
-        return self.service_s / total if total > 0 else 1.0
-
-    def _resident_fraction(self, now: float, worker: str | None) -> float:
-        """How full the session's worker is with resident sessions (the TTL's pressure term): its
-        own sessions over its own hierarchy, with several workers; the one pool's otherwise."""
-        several = len(self.capacities) > 1
-        capacity = (self.capacities.get(worker, self.capacity) if several else self.capacity).hierarchy_tokens
-        if capacity <= 0 or self.settings.kv_pressure_gain == 0 or self.settings.mode != "predictive":
-            return 0.0
-        # tokens only: the gate's duty-cycle projections (a predictor distribution per idle
-        # session) are not needed for the pressure term, and this runs on every request
-        records = self.sessions.records()
-        if several:
-            records = [s for s in records if s.worker == worker]
-        tokens = sum(s.context_tokens for s in records if s.is_resident(now))
-        return min(tokens / capacity, 1.0)
+        return self.placement.resident_fraction(worker, now)
 
 
 EARLY_RETURN_QUANTILE = 0.2  # the spread sent to the plugin reaches down to this quantile
@@ -466,7 +357,3 @@ def expected_return(dist, elapsed: float = 0.0) -> tuple[float | None, float | N
         return None, None
     early = dist.quantile(EARLY_RETURN_QUANTILE, elapsed)
     return median, max(0.0, median - min(early, median))
-
-
-def _ewma(mean: float | None, value: float) -> float:
-    return value if mean is None else mean + GROWTH_LEARNING_RATE * (value - mean)

@@ -26,6 +26,7 @@ class SessionRecord:
     last_active: float
     context_tokens: int = 0  # tokens the session holds in KV (prompt, then prompt + output)
     running: int = 0  # admitted requests not yet released
+    turns: int = 0  # turns it finished since it was opened (what shrinks its projection)
     worker: str | None = None  # the worker it was placed on (its KV is there); None: not placed yet
     last_prompt_tokens: int | None = None  # prompt of the latest request (for growth learning)
     request_started_at: float | None = None  # arrival of the latest request (service and cycle times)

@@ -1,6 +1,7 @@
 """Where a new session goes when several workers serve: the worker with the most room for its
-projected footprint (GPU + host tier of that worker, minus what its resident sessions are
-projected to need). Pure data in, a worker's name out: no HTTP, no session table.
+projected footprint (GPU + host tier of that worker, minus what its sessions are projected to
+need: ``sidecar.policy.projection`` over ``sidecar.policy.residency``). ``choose_worker`` is the
+rule (pure data in, a worker's name out); ``Placement`` feeds it each worker's room.
 
 A session then stays on its worker (its KV is there); only a worker's loss moves it (the turn core
 re-homes it, with a full recompute on the new worker).
@@ -9,6 +10,10 @@ re-homes it, with a full recompute on the new worker).
 from __future__ import annotations
 
 from collections.abc import Callable
+
+from sidecar.engine.capacity import EngineCapacity
+from sidecar.policy.projection import Projection
+from sidecar.policy.residency import Residency
 from dataclasses import dataclass
 
 
@@ -45,17 +50,90 @@ def choose_worker(rooms: list[WorkerRoom], tokens: float, force: bool = False) -
     return best.worker
 
 
-class OnePool:
-    """The placement of a single KV pool (one worker, or a caller that keeps no workers): the same
-    fit rule as ``WorkerRoom.fits``, over ``resident()`` = (projected tokens, sessions)."""
+class Placement:
+    """The workers new sessions may go to, their capacities, and each one's room now."""
 
-    def __init__(self, budget_tokens: Callable[[], float], resident: Callable[[], tuple[float, int]]):
-        self.budget_tokens = budget_tokens
-        self.resident = resident
+    def __init__(self, capacity: EngineCapacity, worker: str, headroom: float, residency: Residency,
+                 projection: Projection, clock: Callable[[], float]):
+        self.capacities: dict[str, EngineCapacity] = {worker: capacity}  # by name (its URL)
+        self.placeable: set[str] = {worker}
+        self.headroom = headroom
+        self.residency = residency
+        self.projection = projection
+        self.clock = clock
+
+    @property
+    def first(self) -> EngineCapacity:
+        """The first worker's capacity: with one worker, the engine's."""
+        return next(iter(self.capacities.values()))
+
+    def set_capacity(self, capacity: EngineCapacity, worker: str | None) -> None:
+        worker = next(iter(self.capacities)) if worker is None else worker
+        if worker not in self.capacities:
+            self.placeable.add(worker)
+        self.capacities[worker] = capacity
+
+    def set_placeable(self, worker: str, placeable: bool) -> None:
+        if placeable and worker in self.capacities:
+            self.placeable.add(worker)
+        else:
+            self.placeable.discard(worker)
+
+    def capacity_of(self, worker: str | None) -> EngineCapacity:
+        """The worker's capacity (the first worker's when it has none, or with one worker)."""
+        if len(self.capacities) > 1 and worker is not None:
+            return self.capacities.get(worker, self.first)
+        return self.first
+
+    def hierarchy(self) -> bool:
+        """The host tier decides the projection (the first worker's, as every worker is alike)."""
+        return self.first.host_tokens > 0
+
+    def summary(self, worker: str | None, now: float) -> tuple[float, float, int]:
+        """(tokens, projected tokens as the gate counts them, sessions) of ``worker``'s resident
+        sessions (None: all of them), the host tier's holding sessions included where there is one."""
+        capacity = self.capacities.get(worker, self.first) if worker is not None else self.first
+        hierarchy = capacity.host_tokens > 0
+        if worker is None:
+            load = self.residency.total(now)
+        else:
+            load = self.residency.load(worker, now, alone=len(self.capacities) == 1)
+        projected = self.projection.projected(load, hierarchy, self.projection.growth(self.hierarchy()), now)
+        if hierarchy:
+            return load.holding_tokens, projected, load.holding
+        return load.resident_tokens, projected, load.resident
+
+    def rooms(self) -> list[WorkerRoom]:
+        now = self.clock()
+        out = []
+        for worker, capacity in self.capacities.items():
+            if worker in self.placeable:
+                _, projected, sessions = self.summary(worker, now)
+                out.append(WorkerRoom(worker, self.headroom * capacity.hierarchy_tokens, projected, sessions))
+        return out
 
     def choose(self, tokens: float, force: bool = False) -> str | None:
-        projected, sessions = self.resident()
-        return choose_worker([WorkerRoom("", self.budget_tokens(), projected, sessions)], tokens, force)
+        """The worker a session of ``tokens`` projected tokens fits on, or None (``force``: the
+        roomiest anyway)."""
+        return choose_worker(self.rooms(), tokens, force)
 
-    def assign(self, session_id: str, worker: str) -> None:
-        """One pool: nothing to record."""
+    def resident_fraction(self, worker: str | None, now: float) -> float:
+        """How full ``worker`` is with resident sessions (running or leased) over its GPU + host
+        tokens: its own sessions with several workers, the one pool's otherwise."""
+        capacity = self.capacity_of(worker).hierarchy_tokens
+        if capacity <= 0:
+            return 0.0
+        if len(self.capacities) > 1:
+            tokens = self.residency.load(worker, now, alone=False).resident_tokens
+        else:
+            tokens = self.residency.total(now).resident_tokens
+        return min(tokens / capacity, 1.0)
+
+    def worker_state(self) -> dict[str, tuple[float, int, int]]:
+        """Per worker: (tokens of the sessions holding KV there, leases, sessions placed there)."""
+        now = self.clock()
+        out = {}
+        for worker in self.capacities:
+            load = self.residency.load(worker, now, alone=False)
+            out[worker] = (float(load.holding_tokens), load.leases, load.sessions)
+        return out

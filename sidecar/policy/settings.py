@@ -135,7 +135,10 @@ class AdmissionSettings(BaseModel):
     )
     max_queue: int = Field(64, ge=0, description="Most new sessions waiting; beyond it they get 429.")
     max_wait: float = Field(
-        120.0, ge=0, description="Seconds a waiting session waits at most before it is let through anyway (0 = no limit)."
+        60.0,
+        ge=0,
+        description="Seconds a waiting session waits at most before it is let through anyway (0 = no limit); the "
+        "wait is part of its first turn's time to first token.",
     )
     retry_after: float = Field(
         5.0, ge=1, description="Least Retry-After (s) on 429; raised to the recent mean admission wait."

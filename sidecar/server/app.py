@@ -196,8 +196,6 @@ def configure(
     metrics.count_session_states(lambda: Counter(s.state(time.monotonic()) for s in core.sessions.all()))
     metrics.session_bytes.set_function(lambda: core.sessions.nbytes)
     app[keys.WORKERS] = workers
-    app[keys.RENDERER] = core.renderer
-    app[keys.POLICY] = core.policy
     app[keys.SESSIONS] = core.sessions
     app[keys.TURNS] = core
     log.info("%s", startup_summary(settings, workers, model_name, getattr(tokenizer, "name_or_path", "")))

@@ -6,20 +6,16 @@ import asyncio
 
 from aiohttp import web
 
-from sidecar.conversation.chat_template import ChatRenderer
 from sidecar.conversation.store import SessionStore
 from sidecar.engine.health import EngineHealth
 from sidecar.engine.worker import Workers
 from sidecar.metrics import SidecarMetrics
-from sidecar.policy import SessionPolicy
 from sidecar.settings import SidecarSettings
 from sidecar.turn.core import TurnCore
 
 SETTINGS = web.AppKey("settings", SidecarSettings)
 METRICS = web.AppKey("metrics", SidecarMetrics)
 WORKERS = web.AppKey("workers", Workers)
-RENDERER = web.AppKey("renderer", ChatRenderer)
-POLICY = web.AppKey("policy", SessionPolicy)
 SESSIONS = web.AppKey("sessions", SessionStore)
 TURNS = web.AppKey("turns", TurnCore)
 ENGINE_HEALTH = web.AppKey("engine_health", EngineHealth)

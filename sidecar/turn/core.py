@@ -30,7 +30,7 @@ from sidecar.policy import AdmissionRejected, SessionPolicy, TurnEnd, build_poli
 from sidecar.settings import ServerSettings, SidecarSettings
 from sidecar.turn.offload import OFFLOAD_CHARS, Offload
 from sidecar.turn.request import TurnRequest
-from sidecar.turn.tenants import QueueShares, RateLimits
+from sidecar.turn.tenants import RateLimits, too_many
 
 log = logging.getLogger("sidecar")
 
@@ -47,7 +47,6 @@ class TurnCore:
         workers: Workers,
         metrics: SidecarMetrics,
         model_name: str,
-        queue_shares: QueueShares,
     ):
         self.settings = settings
         self.renderer = renderer
@@ -58,7 +57,6 @@ class TurnCore:
         self.model_name = model_name  # what the doors call the model
         self.offload = Offload(settings.tokenize_timeout)  # large prompts are prepared there
         self.shared_prefix = _read_shared_prefix(settings.shared_prefix_file)
-        self.queue_shares = queue_shares  # each key's part of the admission queue
         self.rate_limits = RateLimits(settings.key_rate_limit, settings.key_rate_burst)
         self._model_fixed = settings.model_name is not None  # --model-name wins over SGLang's
         self._refreshing: asyncio.Task | None = None
@@ -211,9 +209,7 @@ def build_core(settings: SidecarSettings, tokenizer, workers: Workers, metrics: 
     for worker in others:
         policy.set_capacity(worker.capacity, worker.url)
     sessions = SessionStore(policy, settings.server.max_sessions, metrics, settings.server.max_session_bytes)
-    a = settings.admission
-    shares = QueueShares(settings.server.key_queue_share, a.max_queue, a.retry_after)
-    return TurnCore(settings.server, renderer, sessions, policy, workers, metrics, model_name, shares)
+    return TurnCore(settings.server, renderer, sessions, policy, workers, metrics, model_name)
 
 
 class Turn:
@@ -296,22 +292,10 @@ class Turn:
         if limit and len(ids) > limit:
             raise _too_long(str(len(ids)), limit)
         core.metrics.turns.labels(kind="continued" if res.base else ("new" if res.is_new_session else "branch")).inc()
-        shares = core.queue_shares if res.is_new_session else None
-        if shares is not None:
-            shares.enter(req.scope)  # a key's new sessions hold at most its share of the queue
         try:
-            await core.policy.admit(session.id, len(ids), res.is_new_session)
+            await core.policy.admit(session.id, len(ids), res.is_new_session, req.scope)
         except AdmissionRejected as exc:
-            raise APIError(
-                429,
-                str(exc),
-                type="rate_limit_error",
-                code="admission_queue_full",
-                headers={"Retry-After": str(max(1, round(exc.retry_after_s)))},
-            ) from None
-        finally:
-            if shares is not None:
-                shares.leave(req.scope)
+            raise too_many(str(exc), exc.retry_after_s, exc.code) from None
         self._admitted = True
         if worker is None:  # placed by admission: the worker with room for it
             worker = core.workers.get(core.policy.worker_of(session.id))

@@ -1,19 +1,15 @@
 """Fairness across API keys: no key may lock the others out.
 
-Two bounds, both only with auth on (a scope per key; without auth there is one client):
-
-* a key's share of the admission queue: new sessions of one key waiting for admission are held
-  to ``key_queue_share`` of the queue, so a key opening hundreds of sessions gets 429 for its own
-  while another key's new session still queues (the queue itself stays FIFO across keys);
-* a request rate per key (a token bucket: ``key_rate_limit`` requests/s, bursts of
-  ``key_rate_burst``), 429 + Retry-After beyond it.
+A request rate per key (a token bucket: ``key_rate_limit`` requests/s, bursts of
+``key_rate_burst``), 429 + Retry-After beyond it; only with auth on (a scope per key; without auth
+there is one client). The admission queue's own fairness (keys served in turn, each within
+``key_queue_share`` of the queue) is the policy's: ``sidecar.policy.admission``.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections import defaultdict
 from collections.abc import Callable
 
 from sidecar.errors import APIError
@@ -23,29 +19,6 @@ def too_many(message: str, retry_after_s: float, code: str) -> APIError:
     return APIError(
         429, message, type="rate_limit_error", code=code, headers={"Retry-After": str(max(1, math.ceil(retry_after_s)))}
     )
-
-
-class QueueShares:
-    """How many new sessions of each key are in admission; ``enter`` refuses past the share."""
-
-    def __init__(self, share: float, max_queue: int, retry_after_s: float):
-        self.limit = max(1, math.floor(share * max_queue))
-        self.retry_after_s = retry_after_s
-        self._waiting: defaultdict[str, int] = defaultdict(int)
-
-    def enter(self, scope: str) -> None:
-        if scope and self._waiting[scope] >= self.limit:
-            raise too_many(
-                f"this key already has {self._waiting[scope]} new sessions waiting for admission (its share of the queue)",
-                self.retry_after_s,
-                "key_queue_share_exceeded",
-            )
-        self._waiting[scope] += 1
-
-    def leave(self, scope: str) -> None:
-        self._waiting[scope] -= 1
-        if self._waiting[scope] <= 0:
-            del self._waiting[scope]
 
 
 class RateLimits:

@@ -162,7 +162,7 @@ def measure(tokenizer_dir: str, number: int, repeat: int) -> dict[str, Any]:
 
 
 def _policy_per_request(number: int, repeat: int) -> dict[str, float]:
-    """on_request + lease_ttl for 500 sessions (in a session store) taking turns, each after its reply ended."""
+    """on_request + lease_request for 500 sessions (in a session store) taking turns, each after its reply ended."""
     from sidecar.conversation.store import SessionStore
     from sidecar.policy import EngineCapacity, TurnEnd, build_policy
     from sidecar.settings import SidecarSettings
@@ -182,7 +182,7 @@ def _policy_per_request(number: int, repeat: int) -> dict[str, float]:
                 sid, now = f"s{i % 500}", clock[0]
                 start = time.perf_counter()
                 policy.on_request(sid, 3000, now)
-                policy.lease_ttl(sid, 3000, now)
+                policy.lease_request(sid, 3000, now)
                 spent += time.perf_counter() - start
                 clock[0] += 0.004
                 policy.on_turn_end(TurnEnd(sid, 3150, ["bash"], clock[0]))  # after the reply: not timed

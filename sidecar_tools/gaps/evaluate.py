@@ -1,6 +1,6 @@
 """Offline replay of a gap trace through the live policy code, and scoring of lease policies.
 
-Replay: events in time order - a turn ends at ``t`` (lease_ttl, on_turn_end, revised_lease_ttl),
+Replay: events in time order - a turn ends at ``t`` (lease_request, on_turn_end, after_turn + lease_revised),
 the session returns at ``t + gap`` (on_request: the predictor learns the gap); every simulated
 second the lifecycle runs (the session store's close_due: a session that stayed away past
 its lease + idle grace is learned as censored, and re-learned if it comes back later). So the
@@ -117,11 +117,14 @@ def replay_predictive(records: list[GapRecord], settings, on_gap: Callable[[], N
             if r.session_id not in requested:
                 policy.on_request(r.session_id, r.context_tokens, now)
             requested.discard(r.session_id)
-            ttl_req = policy.lease_ttl(r.session_id, r.context_tokens, now)
+            lease = policy.lease_request(r.session_id, r.context_tokens, now)
             policy.on_turn_end(TurnEnd(r.session_id, r.context_tokens, list(r.tool_names), now))
             predicted = sessions.record(r.session_id).predicted_gap_s
-            ttl_after = policy.revised_lease_ttl(r.session_id, now)
-            results[i] = ReplayedGap(r, ttl_req or 0.0, ttl_after or 0.0, predicted)
+            revised = policy.after_turn(r.session_id, now)  # taken as the lease, as the turn core sends it
+            if revised is not None:
+                policy.lease_revised(r.session_id, revised, now)
+            ttl_req = lease.ttl_s if lease is not None else 0.0
+            results[i] = ReplayedGap(r, ttl_req, revised.ttl_s if revised is not None else 0.0, predicted)
             if on_gap is not None:
                 on_gap()
             if r.gap_s is not None:

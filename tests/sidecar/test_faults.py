@@ -77,7 +77,7 @@ async def stream_until_content(client, body, headers=None):
 
 def assert_quiescent(app, *explicit_turns: tuple[str, int]):
     """Store and policy agree that nothing is running and no admission slot is held."""
-    store, policy = app[keys.SESSIONS], app[keys.POLICY]
+    store, policy = app[keys.SESSIONS], app[keys.TURNS].policy
     assert all(s.inflight == 0 for s in store.all())
     assert all(s.turns or s.explicit for s in store.all())  # no half-born implicit session
     assert all(record.running == 0 for record in store.records())
@@ -245,7 +245,7 @@ async def test_engine_restart_between_turns_loses_leases_and_cache_but_not_the_s
     messages = [{"role": "system", "content": "You are an agent. " * 20}, {"role": "user", "content": "t1"}]
     _, first = await chat(client, {"messages": messages}, SESSION)
     assert double.requests[0]["sampling_params"]["custom_params"]["session_lease_ttl_s"] == 30.0
-    assert client.app[keys.POLICY].lease_expiry(client.app[keys.SESSIONS].get("agent-7").id) > time.monotonic()
+    assert client.app[keys.TURNS].policy.lease_expiry(client.app[keys.SESSIONS].get("agent-7").id) > time.monotonic()
 
     await bounded(double.restart())  # cache, sessions and (in the real engine) the lease table are gone
 
@@ -370,7 +370,7 @@ async def test_hanging_up_a_continued_leased_turn_keeps_the_last_good_state(make
     messages = [{"role": "user", "content": "a"}]
     _, first = await chat(client, {"messages": messages}, SESSION)
     session = client.app[keys.SESSIONS].get("agent-7")
-    policy = client.app[keys.POLICY]
+    policy = client.app[keys.TURNS].policy
     lease_until = policy.lease_expiry(session.id)
     assert lease_until is not None
     messages += [first["choices"][0]["message"], {"role": "user", "content": "b"}]
@@ -395,7 +395,7 @@ async def test_hanging_up_a_continued_leased_turn_keeps_the_last_good_state(make
 async def test_hang_ups_never_leak_admission_capacity(make_sidecar, sglang_double):
     """A held slot would make the gate count a phantom resident session and queue everyone after it."""
     client = await make_sidecar(admission={"enabled": True, "headroom": 0.5, "expected_growth_tokens": 10, "max_wait": 0})
-    capacity = client.app[keys.POLICY].capacity.hierarchy_tokens
+    capacity = client.app[keys.TURNS].policy.capacity.hierarchy_tokens
     assert capacity == sglang_double.max_total_num_tokens
     sglang_double.responder = scripted_responder(LONG)
     sglang_double.token_delay = 0.02
@@ -403,7 +403,7 @@ async def test_hang_ups_never_leak_admission_capacity(make_sidecar, sglang_doubl
     for i in range(3):
         # one session fills the budget (as if the worker reported 250 KV tokens; re-set each round:
         # the engine-info refresh reports the real pool again)
-        client.app[keys.POLICY].set_capacity(EngineCapacity(max_total_num_tokens=250))
+        client.app[keys.TURNS].policy.set_capacity(EngineCapacity(max_total_num_tokens=250))
         resp = await stream_until_content(client, {"messages": [{"role": "user", "content": f"{i} {big}"}], "max_tokens": 200})
         # A second new session must queue behind the running one ...
         queued = asyncio.ensure_future(
@@ -411,16 +411,16 @@ async def test_hang_ups_never_leak_admission_capacity(make_sidecar, sglang_doubl
         )
         for _ in range(50):
             await asyncio.sleep(0.01)
-            if client.app[keys.POLICY].gate.queue_length:
+            if client.app[keys.TURNS].policy.gate.queue_length:
                 break
-        assert client.app[keys.POLICY].gate.queue_length == 1
+        assert client.app[keys.TURNS].policy.gate.queue_length == 1
         queued.cancel()  # ... and hangs up while waiting
         with pytest.raises(asyncio.CancelledError):
             await queued
         resp.close()  # the running one hangs up too
         for _ in range(100):
             await asyncio.sleep(0.02)
-            if not sglang_double.running_rids and client.app[keys.POLICY].gate.queue_length == 0:
+            if not sglang_double.running_rids and client.app[keys.TURNS].policy.gate.queue_length == 0:
                 break
         assert_quiescent(client.app)
     assert len(sglang_double.requests) == 3  # queued requests never reached the engine

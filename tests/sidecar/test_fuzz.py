@@ -152,7 +152,7 @@ def check_answer(status: int, content_type: str, raw: bytes, stream: bool = Fals
 
 
 def check_state(stack: Stack) -> None:
-    store, policy = stack.app[keys.SESSIONS], stack.app[keys.POLICY]
+    store, policy = stack.app[keys.SESSIONS], stack.app[keys.TURNS].policy
     assert all(s.inflight == 0 for s in store.all())
     assert all(record.running == 0 for record in store.records())
     assert policy.gate.queue_length == 0
@@ -361,9 +361,9 @@ def test_fuzzed_conversations_never_mix_continuation_and_rerender(stack, canary,
     continued = sent[: len(held)] == held
     req = parse_chat_request(json.loads(json.dumps(second)), stack.app[keys.SETTINGS].server)
     turn = turn_request(req, None, "")
-    full = stack.app[keys.RENDERER].render_full(turn.messages, turn.tools, turn.template_kwargs)
+    full = stack.app[keys.TURNS].renderer.render_full(turn.messages, turn.tools, turn.template_kwargs)
     if turn.tool_choice == "required":
-        full += stack.app[keys.RENDERER].encode(get_tool_parser("hermes").forced_prefix(turn.forced_tool))
+        full += stack.app[keys.TURNS].renderer.encode(get_tool_parser("hermes").forced_prefix(turn.forced_tool))
     assert continued or sent == full
     event(f"continued={continued} alteration={alteration}")
 
@@ -455,7 +455,7 @@ def test_body_size_limit_at_the_edge(stack):
 
 
 def test_prompt_token_limit_at_the_edge(stack):
-    renderer = stack.app[keys.RENDERER]
+    renderer = stack.app[keys.TURNS].renderer
 
     def body(n_words):
         return {"messages": [{"role": "user", "content": "hi" + " hi" * n_words}], "max_tokens": 1}

@@ -61,3 +61,18 @@ async def admit(policy, session_id: str, prompt_tokens: int, is_new_session: boo
     (if it is new there), then admitted."""
     policy.sessions.open(session_id)
     await policy.admit(session_id, prompt_tokens, is_new_session)
+
+
+def lease_ttl(policy, session_id: str, context_tokens: int, now: float) -> float | None:
+    """The TTL the request's lease asks for (None: no lease), through the public lease_request."""
+    lease = policy.lease_request(session_id, context_tokens, now)
+    return lease.ttl_s if lease is not None else None
+
+
+def revised_ttl(policy, session_id: str, now: float) -> float | None:
+    """The after-turn lease, sent and taken as the session's lease, as the turn core does."""
+    lease = policy.after_turn(session_id, now)
+    if lease is None:
+        return None
+    policy.lease_revised(session_id, lease, now)
+    return lease.ttl_s

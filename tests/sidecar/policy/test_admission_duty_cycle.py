@@ -8,7 +8,7 @@ idle leased session counts service / (service + predicted remaining gap) of its 
 import asyncio
 
 import pytest
-from policy_helpers import FakeClock, admit, make_policy
+from policy_helpers import FakeClock, admit, lease_ttl, make_policy
 
 from sidecar.policy import TurnEnd
 
@@ -35,7 +35,7 @@ def run_turn(policy, clock, sid, prompt, service_s, first=False):
     if not first:
         policy._start_request(sid, prompt)  # what admit() does for a continuing session
     policy.on_request(sid, prompt, clock.now)
-    policy.lease_ttl(sid, prompt, clock.now)
+    lease_ttl(policy, sid, prompt, clock.now)
     clock.advance(service_s)
     policy.on_turn_end(TurnEnd(sid, prompt + 100, ["pytest"], clock.now))
     policy.release_admission(sid)
@@ -49,7 +49,7 @@ async def test_agent_in_a_long_tool_gap_does_not_keep_a_new_one_out(idle_weight,
                    idle_weight=idle_weight)
     await admit(policy, "a", 6_000, True)
     run_turn(policy, clock, "a", 6_000, service_s=1.0, first=True)
-    assert policy._resident_summary(clock.now)[2] == 1  # still leased
+    assert policy.placement.summary(None, clock.now)[2] == 1  # still leased
     assert await admitted_now(policy, "b", 5_000) is admitted
 
 

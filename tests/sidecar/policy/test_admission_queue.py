@@ -5,7 +5,7 @@ from policy_helpers import FakeClock, make_policy
 
 from sidecar.policy import AdmissionRejected, TurnEnd
 from sidecar.policy.admission import AdmissionQueue
-from sidecar.policy.placement import OnePool
+from sidecar.policy.placement import WorkerRoom, choose_worker
 from sidecar.policy.settings import AdmissionSettings
 
 
@@ -21,7 +21,7 @@ class Residents:
     def projection(self):
         return sum(self.tokens.values()), len(self.tokens)
 
-    def grant(self, sid, prompt_tokens):
+    def grant(self, sid, prompt_tokens, worker):
         self.granted.append(sid)
         self.tokens[sid] = prompt_tokens
 
@@ -33,10 +33,20 @@ class Residents:
         self.decisions.append((decision, waited))
 
 
-def queue(clock, residents, capacity=10_000, **settings):
+class OnePool:
+    """One worker whose room is what the residents project."""
+
+    def __init__(self, budget, residents):
+        self.budget, self.residents = budget, residents
+
+    def choose(self, tokens, force=False):
+        return choose_worker([WorkerRoom("w", self.budget, *self.residents.projection())], tokens, force)
+
+
+def queue(clock, residents, capacity=10_000, key_share=1.0, **settings):
     s = AdmissionSettings(**{"enabled": True, "headroom": 1.0, **settings})
-    return AdmissionQueue(s, OnePool(lambda: s.headroom * capacity, residents.projection), residents.grant,
-                          residents.ungrant, clock=clock, metrics=residents)
+    return AdmissionQueue(s, OnePool(s.headroom * capacity, residents), residents.grant,
+                          residents.ungrant, clock=clock, metrics=residents, key_share=key_share)
 
 
 def test_offer_grants_at_once_while_it_fits():

@@ -3,7 +3,7 @@
 import asyncio
 
 import pytest
-from policy_helpers import FakeClock, admit, make_policy
+from policy_helpers import FakeClock, admit, lease_ttl, make_policy
 
 from sidecar.policy import AdmissionRejected, TurnEnd
 
@@ -110,7 +110,7 @@ async def test_expiring_lease_lets_the_waiter_in():
     policy = gated(clock, capacity=10_000)
     await admit(policy, "agent", 8_000, True)
     policy.on_request("agent", 8_000, clock.now)
-    ttl = policy.lease_ttl("agent", 8_000, clock.now)
+    ttl = lease_ttl(policy, "agent", 8_000, clock.now)
     policy.on_turn_end(TurnEnd("agent", 8_200, ["bash"], clock.now))
     policy.release_admission("agent")  # in its tool gap, under lease: still resident
     order: list[str] = []

@@ -1,6 +1,6 @@
 """The policy end to end as the turn core drives it (on a session store), and the metrics it exposes."""
 
-from policy_helpers import FakeClock, admit, on_store
+from policy_helpers import FakeClock, admit, lease_ttl, on_store, revised_ttl
 from prometheus_client import CollectorRegistry, generate_latest
 
 from sidecar.policy import EngineCapacity, TurnEnd, build_policy
@@ -14,7 +14,7 @@ def value(registry, name, **labels):
 async def run_turn(policy, clock, sid, prompt, new, tools, think_s=0.5):
     await admit(policy, sid, prompt, new)
     policy.on_request(sid, prompt, clock.now)
-    ttl = policy.lease_ttl(sid, prompt, clock.now)
+    ttl = lease_ttl(policy, sid, prompt, clock.now)
     clock.advance(think_s)
     policy.on_turn_end(TurnEnd(sid, prompt + 100, tools, clock.now))
     policy.release_admission(sid)
@@ -38,7 +38,7 @@ async def test_build_policy_from_settings_learns_and_reports():
     assert value(registry, "sidecar_admission_decisions_total", decision="immediate") == 1
     assert value(registry, "sidecar_resident_sessions") == 1  # in its gap, under lease
     assert value(registry, "sidecar_resident_tokens") == prompt - 500 + 100
-    assert policy.growth_tokens < 1500  # learned 500/turn from the 1500 prior
+    assert policy.projection.growth_tokens < 1500  # learned 500/turn from the 1500 prior
     text = generate_latest(registry).decode()
     for name in (
         "sidecar_gap_predicted_seconds",
@@ -80,9 +80,9 @@ async def test_revised_lease_uses_the_known_tools():
         policy.predictor.observe(["build"], 20.0, context_tokens=50_000)
         policy.predictor.observe_censored(["finish"], context_tokens=50_000)
     await run_turn(policy, clock, "s", 50_000, True, ["finish"])
-    assert policy.revised_lease_ttl("s", clock.now) == settings.policy.min_ttl
+    assert revised_ttl(policy, "s", clock.now) == settings.policy.min_ttl
     await run_turn(policy, clock, "t", 50_000, True, ["build"])
-    assert 20.0 < policy.revised_lease_ttl("t", clock.now) < 40.0
+    assert 20.0 < revised_ttl(policy, "t", clock.now) < 40.0
 
 
 async def test_with_several_workers_the_lease_shortens_only_for_a_full_worker():
@@ -102,6 +102,6 @@ async def test_with_several_workers_the_lease_shortens_only_for_a_full_worker():
         await admit(policy, sid, 5_000)
         policy.relocate(sid, worker)
         policy.on_request(sid, 5_000, clock.now)
-        ttls[worker] = policy.lease_ttl(sid, 5_000, clock.now)
+        ttls[worker] = lease_ttl(policy, sid, 5_000, clock.now)
     assert ttls["a"] is not None and ttls["b"] is not None
     assert ttls["a"] < ttls["b"]

@@ -1,13 +1,13 @@
 """Session lifecycle: which idle sessions are closed, the bounded store, learning across a close."""
 
-from policy_helpers import FakeClock, admit, make_policy
+from policy_helpers import FakeClock, admit, lease_ttl, make_policy
 
 from sidecar.policy import TurnEnd
 
 
 def turn(policy, clock, sid, tokens=1_000, tools=("bash",), ttl_mode=True):
     policy.on_request(sid, tokens, clock.now)
-    ttl = policy.lease_ttl(sid, tokens, clock.now)
+    ttl = lease_ttl(policy, sid, tokens, clock.now)
     policy.on_turn_end(TurnEnd(sid, tokens + 100, list(tools), clock.now))
     return ttl
 

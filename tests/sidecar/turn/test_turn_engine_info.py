@@ -56,7 +56,7 @@ async def test_an_engine_that_starts_later_is_read_before_any_session_is_admitte
     try:
         resp = await client.post("/v1/chat/completions", json=_ask("hi", "later"))
         assert resp.status == 200  # asked again at once, not after the next periodic read
-        policy = client.app[keys.POLICY]
+        policy = client.app[keys.TURNS].policy
         assert [r.budget_tokens for r in policy.rooms()] == [policy.admission_settings.headroom * (4096 + 8193)]  # GPU + host
         health = await (await client.get("/health")).json()
         assert health["capacity"] == {"gpu_tokens": 4096, "host_tokens": 8193, "plugin": False}
@@ -73,7 +73,7 @@ async def _after_turn_run(aiohttp_client, make_sglang_double, tokenizer, tokeniz
     call = '<tool_call>\n{"name": "slow_tool", "arguments": {}}\n</tool_call>'
     double.responder = scripted_responder(tokenizer.encode(call, add_special_tokens=False) + [IM_END_ID])
     client = await _sidecar(aiohttp_client, double.url, tokenizer, tokenizer_dir, policy={"mode": "predictive"})
-    predictor = client.app[keys.POLICY].predictor
+    predictor = client.app[keys.TURNS].policy.predictor
     for _ in range(40):  # learned: replies without tools come back in 0.5 s, slow_tool ones in 30 s
         predictor.observe([], 0.5, None, 100)
     for _ in range(10):
@@ -117,7 +117,7 @@ async def test_a_final_answer_shortens_the_lease_in_the_plugin_when_sessions_end
     double = await make_sglang_double(policy="session_ttl")
     double.responder = scripted_responder(qwen3_tokenizer.encode("All done.", add_special_tokens=False) + [IM_END_ID])
     client = await _sidecar(aiohttp_client, double.url, qwen3_tokenizer, qwen3_tokenizer_dir, policy={"mode": "predictive"})
-    policy = client.app[keys.POLICY]
+    policy = client.app[keys.TURNS].policy
     for _ in range(40):  # learned: tools come back in 30 s, final answers end their sessions
         policy.predictor.observe(["slow_tool"], 30.0, None, 100)
         policy.final_answers.ended()
