@@ -14,9 +14,9 @@ last word). What is counted (``projection.Projection.projected`` over ``residenc
                     host tier ``host_tier_projection_turns``, else the turns of
                     ``projection_horizon_s`` at the learned turn cycle, or ``projection_turns``);
     with a host tier every open session holding KV, as measured (its context) + growth per turn x
-                    the turns it has left of its projection, at least one: a session near the end
-                    of its projected turns adds little more, so the next wave starts while the
-                    first finishes, not once it has closed;
+                    ``host_tier_projection_turns`` until it closes, or with ``host_tier_projection
+                    = remaining`` x the turns it has left of them, at least one (a session near its
+                    end adds little more, so the next wave may start while the first finishes);
     without one     the resident sessions (running, or idle under an unexpired lease): context +
                     growth x turns ahead, an idle one weighted by its duty cycle with ``idle_weight
                     = duty_cycle`` (service / (service + predicted remaining gap): leased KV of an

@@ -59,7 +59,7 @@ class LeasePolicy:
         self.closed = ClosedSessions(max_sessions)
         self.sessions: SessionRecords | None = None  # the session store, once it binds itself
         self.metrics = PolicyMetrics(registry if registry is not None else CollectorRegistry())
-        self.residency = Residency(admission.host_tier_projection_turns)
+        self.residency = Residency(admission.host_tier_projection_turns, admission.host_tier_projection == "remaining")
         self.projection = Projection(admission, self.predictor)
         self.placement = Placement(capacity, worker, admission.headroom, self.residency, self.projection, clock)
         self.gate = AdmissionGate(

@@ -13,9 +13,9 @@ the sole worker's figures include when there is one worker) as
     leased    the lease the sidecar asked for has not expired,
     resident  running or leased (its KV is in use or held on the GPU),
     holding   resident, or a turn of it finished (the engine has its KV in one of its tiers),
-and, while holding, with ``turns left`` = max(projected turns - turns it took, 1): the turns of
-growth the gate still expects of it where the host tier keeps every open session's KV
-(``sidecar.policy.admission``).
+and, while holding, with ``turns left`` = max(projected turns - turns it took, 1) (or, with
+``shrink`` off, all the projected turns): the turns of growth the gate still expects of it where
+the host tier keeps every open session's KV (``sidecar.policy.admission``).
 """
 
 from __future__ import annotations
@@ -69,8 +69,9 @@ _Contribution = tuple[str | None, bool, bool, bool, int, float]
 class Residency:
     """Per-worker counters of the open sessions (see the module docstring)."""
 
-    def __init__(self, projected_turns: float):
+    def __init__(self, projected_turns: float, shrink: bool = True):
         self.projected_turns = projected_turns  # host tier: the turns a session is projected at admission
+        self.shrink = shrink  # False: every session keeps all of them until it closes
         self._loads: dict[str | None, Load] = {}
         self._counted: dict[str, _Contribution] = {}  # session id -> what it adds now
         self._records: dict[str, SessionRecord] = {}
@@ -144,7 +145,8 @@ class Residency:
         running = r.running > 0
         leased = r.lease_expires_at is not None and now < r.lease_expires_at
         holding = running or leased or r.holds_kv()
-        turns_left = max(self.projected_turns - r.turns, 1.0) if holding else 0.0
+        turns = r.turns if self.shrink else 0
+        turns_left = max(self.projected_turns - turns, 1.0) if holding else 0.0
         return (r.worker, running, leased, holding, r.context_tokens, turns_left)
 
     def _apply(self, record: SessionRecord, c: _Contribution, sign: int) -> None:

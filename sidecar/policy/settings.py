@@ -124,6 +124,13 @@ class AdmissionSettings(BaseModel):
         "stays in GPU + host until the session ends, so admission must leave room for what the sessions grow "
         "to, not for the next few turns.",
     )
+    host_tier_projection: Literal["full", "remaining"] = Field(
+        "full",
+        description="With a host tier, what an open session counts at: full = its context + all "
+        "host_tier_projection_turns of growth until it closes; remaining = its context + the turns it has left of "
+        "them (at least one), so a session near its end frees room for the next. In the simulator's 48-agent "
+        "overload at ratio 1, remaining admitted too early (benchmarks/results/sim/admission-2026-12-01).",
+    )
     idle_weight: Literal["full", "duty_cycle"] = Field(
         "full",
         description="How an idle session under lease counts in the gate: full = its whole projection; "
@@ -135,7 +142,7 @@ class AdmissionSettings(BaseModel):
     )
     max_queue: int = Field(64, ge=0, description="Most new sessions waiting; beyond it they get 429.")
     max_wait: float = Field(
-        60.0,
+        120.0,
         ge=0,
         description="Seconds a waiting session waits at most before it is let through anyway (0 = no limit); the "
         "wait is part of its first turn's time to first token.",

@@ -164,3 +164,76 @@ def test_next_deadline_is_the_heads_max_wait():
     clock.advance(2.0)
     q.offer("waiter", 5_000, 5_000)
     assert q.next_deadline() == pytest.approx(clock() + 30.0)
+
+
+# --------------------------------------------------------------------------- fairness across keys
+
+
+def _flood(q, keys, per_key):
+    """Each flooding key offers ``per_key`` new sessions while nothing fits (429s counted)."""
+    refused = 0
+    for i in range(per_key):
+        for key in keys:
+            try:
+                q.offer(f"{key}-{i}", 9_000, 9_000, scope=key)  # one at a time fills the pool
+            except AdmissionRejected:
+                refused += 1
+    return refused
+
+
+@pytest.mark.parametrize("flooders", [2, 3])
+def test_flooding_keys_neither_refuse_nor_delay_another_keys_new_session(flooders):
+    """N keys flood the queue (each up to its share, together past max_queue): a new session of
+    another key still queues, and goes within one round of the keys, not behind all their waiters."""
+    clock, r = FakeClock(), Residents()
+    q = queue(clock, r, max_queue=64, key_share=0.5)
+    q.offer("resident", 9_500, 9_500)  # the pool is full: every new session waits
+    keys = [f"flood{k}" for k in range(flooders)]
+    _flood(q, keys, 40)
+    assert q.queue_length == 64
+    victim = q.offer("victim-0", 9_000, 9_000, scope="victim")  # queued, not refused
+    assert victim.waiting and q.queue_length == 64
+    while victim.waiting:  # room for one session at a time: each finishes before the next goes
+        r.tokens.clear()
+        assert q.pump() == 1
+    served_before = r.granted.index("victim-0") - 1  # the resident was first
+    assert served_before <= flooders
+
+
+def test_a_key_past_its_share_is_refused_for_its_own_sessions_only():
+    clock, r = FakeClock(), Residents()
+    q = queue(clock, r, max_queue=8, key_share=0.5)
+    q.offer("resident", 9_500, 9_500)
+    for i in range(4):
+        q.offer(f"b{i}", 1_000, 1_000, scope="b")
+    with pytest.raises(AdmissionRejected) as refused:
+        q.offer("b4", 1_000, 1_000, scope="b")
+    assert refused.value.code == "key_queue_share_exceeded"
+    assert q.offer("a0", 1_000, 1_000, scope="a").waiting
+
+
+def test_a_displaced_waiter_is_told_and_the_queue_stays_bounded():
+    clock, r = FakeClock(), Residents()
+    q = queue(clock, r, max_queue=4, key_share=1.0)
+    q.offer("resident", 9_500, 9_500)
+    told = []
+    tickets = [q.offer(f"f{i}", 1_000, 1_000, scope="f") for i in range(4)]
+    tickets[-1].on_reject = lambda: told.append("f3")
+    assert q.offer("v", 1_000, 1_000, scope="v").waiting
+    assert tickets[-1].state == "rejected" and told == ["f3"] and q.queue_length == 4
+    with pytest.raises(AdmissionRejected):  # the flooder cannot take it back
+        q.offer("f4", 1_000, 1_000, scope="f")
+    with pytest.raises(AdmissionRejected):  # nor can the other key grow past an even split
+        q.offer("v1", 1_000, 1_000, scope="v")
+        q.offer("v2", 1_000, 1_000, scope="v")
+
+
+def test_one_key_alone_is_served_in_fifo_order():
+    clock, r = FakeClock(), Residents()
+    q = queue(clock, r)
+    q.offer("resident", 9_500, 9_500)
+    for i in range(3):
+        q.offer(f"s{i}", 1_000, 1_000)
+    r.tokens.clear()
+    q.pump()
+    assert r.granted == ["resident", "s0", "s1", "s2"]

@@ -18,7 +18,7 @@ OPS = ("open", "admit_new", "admit_continuing", "request", "turn_end", "release"
        "close", "close_due", "advance")
 
 
-def recount(policy, now: float, worker: str) -> dict[str, float]:
+def recount(policy, now: float, worker: str) -> dict[str, float]:  # noqa: C901
     """The definitions of ``sidecar.policy.residency``, counted over every record."""
     out = dict.fromkeys(("sessions", "leases", "running", "running_tokens", "resident", "resident_tokens",
                          "holding", "holding_tokens", "holding_turns_left"), 0)
@@ -39,7 +39,8 @@ def recount(policy, now: float, worker: str) -> dict[str, float]:
         if running or leased or r.holds_kv():
             out["holding"] += 1
             out["holding_tokens"] += r.context_tokens
-            out["holding_turns_left"] += max(turns - r.turns, 1.0)
+            taken = r.turns if policy.admission_settings.host_tier_projection == "remaining" else 0
+            out["holding_turns_left"] += max(turns - taken, 1.0)
     return out
 
 
@@ -77,14 +78,15 @@ def apply(policy, clock, op: str, sid: str, x: float) -> None:
 
 
 @pytest.mark.parametrize("host_tokens", [0, 50_000])
+@pytest.mark.parametrize("shrink", ["full", "remaining"])
 @settings(max_examples=150, deadline=None)
 @given(steps=st.lists(st.tuples(st.sampled_from(OPS), st.sampled_from(SESSIONS),
                                 st.sampled_from([0.0, 0.5, 3.0, 12.0, 25.0])), min_size=20, max_size=80))
-def test_counters_equal_a_full_recount(host_tokens, steps):
+def test_counters_equal_a_full_recount(host_tokens, shrink, steps):
     clock = FakeClock()
     policy = make_policy(clock=clock, capacity=100_000, idle_grace_s=5.0,
                          policy={"mode": "predictive", "min_ttl": 1.0, "max_ttl": 20.0},
-                         admission={"enabled": True, "max_wait": 10.0}, worker="w0")
+                         admission={"enabled": True, "max_wait": 10.0, "host_tier_projection": shrink}, worker="w0")
     policy.set_capacity(EngineCapacity(100_000, host_tokens=host_tokens), "w0")
     policy.set_capacity(EngineCapacity(100_000, host_tokens=host_tokens), "w1")
     assert set(policy.placement.capacities) == set(WORKERS)
