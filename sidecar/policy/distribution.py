@@ -76,12 +76,25 @@ class GapDistribution:
         self._cdf_at_edges = np.concatenate(([0.0], np.cumsum(self.pmf[: grid.n_finite])))
 
     def cdf(self, t) -> np.ndarray | float:
-        """P(back within t) for t >= 0 (scalar or array)."""
+        """P(back within t) for t >= 0 (scalar or array; a scalar in plain floats, no array round trip)."""
+        if isinstance(t, (int, float)):
+            return self._cdf_scalar(float(t))
         pos = self.grid.position(np.asarray(t, dtype=float) / self.scale)
         idx = np.minimum(np.floor(pos).astype(int), self.grid.n_finite - 1)
         frac = pos - idx
         out = self._cdf_at_edges[idx] + frac * self.pmf[idx]
         return float(out) if np.ndim(out) == 0 else out
+
+    def _cdf_scalar(self, t: float) -> float:
+        """``cdf`` of one time, with the grid's position rule in math (same values)."""
+        grid = self.grid
+        x = max(t / self.scale, 0.0)
+        if x < grid.min_s:
+            pos = x / grid.min_s
+        else:
+            pos = min(1.0 + math.log10(x / grid.min_s) * grid.bins_per_decade, float(grid.n_finite))
+        idx = min(int(math.floor(pos)), grid.n_finite - 1)
+        return float(self._cdf_at_edges[idx] + (pos - idx) * self.pmf[idx])
 
     @property
     def p_back_ever(self) -> float:
@@ -90,7 +103,7 @@ class GapDistribution:
 
     def p_back_within(self, t, elapsed: float = 0.0):
         """P(back by elapsed + t | not back by elapsed)."""
-        f_a = self.cdf(elapsed)
+        f_a = self.cdf(float(elapsed))
         survival = 1.0 - f_a
         if survival <= 1e-12:
             return np.zeros_like(np.asarray(t, dtype=float)) if np.ndim(t) else 0.0
@@ -98,7 +111,7 @@ class GapDistribution:
 
     def quantile(self, q: float, elapsed: float = 0.0) -> float:
         """Smallest t with P(back within t | elapsed) >= q; inf if the horizon holds less than q."""
-        f_a = self.cdf(elapsed) if elapsed > 0 else 0.0  # cdf(t <= 0) is 0; skips a numpy round trip
+        f_a = self._cdf_scalar(float(elapsed)) if elapsed > 0 else 0.0  # cdf(t <= 0) is 0
         target = f_a + q * (1.0 - f_a)
         cdf = self._cdf_at_edges
         if target > cdf[-1] + 1e-12:
