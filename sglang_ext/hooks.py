@@ -283,6 +283,7 @@ def add_one_req(result, adder, req, *args, **kwargs):
     mgr = manager_of(adder.tree_cache)
     if mgr is None:
         return
+    mgr.admission_tried = True
     if getattr(result, "name", None) == "NO_TOKEN":
         if mgr.blocked_head is None:
             mgr.blocked_head = req
@@ -309,17 +310,41 @@ def get_new_batch_prefill_raw(original, scheduler, *args, **kwargs):
     if mgr.scheduler_ref is None:
         mgr.scheduler_ref = weakref.ref(scheduler)  # for the decode valve
     mgr.blocked_head = None
+    mgr.admission_tried = False
     if getattr(scheduler, "chunked_req", None) is not None and mgr.has_hard():
         _relieve_chunk_pressure(scheduler, mgr)
     if mgr.settings.prefer_leased_requests:
         leased_first(scheduler.waiting_queue, mgr)
     result = original(scheduler, *args, **kwargs)
+    if mgr.host.active:
+        _yield_for_blocked(scheduler, mgr, result[1])
     if result[0] is None and mgr.blocked_head is not None and mgr.has_hard():
         _relieve_prefill_stall(scheduler, mgr, result[1])
     mgr.blocked_head = None
     if mgr.host.active:
         _after_prefill_pass(scheduler, mgr, result[0])
     return result
+
+
+@_guarded
+def _yield_for_blocked(scheduler: Any, mgr: LeaseManager, running_batch: Any) -> None:
+    """Work-conserving leases over a host tier: a request refused for lack of KV never waits for
+    leased KV that is backed up on host. Such leases are unlocked (they stay soft; their KV reloads
+    if evicted) until the refused request fits, and the running batch is told to try again
+    (SGLang keeps ``batch_is_full`` until a request leaves otherwise). Until a later pass admits
+    it, no lease is locked or prefetched into the room it needs (``HostTier.blocked_need``)."""
+    host, head = mgr.host, mgr.blocked_head
+    if head is None:
+        if mgr.admission_tried or not scheduler.waiting_queue:
+            host.blocked_need = 0  # the queue moved (or is empty): nothing waits for room
+        return
+    need = _prefill_need(mgr, head)
+    host.blocked_need = need
+    # SGLang's PrefillBudget: free + evictable, less what the running requests may still decode
+    deficit = need + _running_reservation(scheduler, running_batch) - mgr.headroom_tokens()
+    if deficit > 0 and mgr.has_hard() and host.yield_room("prefill", deficit, _busy_sessions(scheduler)) > 0:
+        if running_batch is not None and hasattr(running_batch, "batch_is_full"):
+            running_batch.batch_is_full = False
 
 
 @_guarded
@@ -331,7 +356,10 @@ def _relieve_chunk_pressure(scheduler: Any, mgr: LeaseManager) -> None:
     deficit = mgr.reserve_tokens() - mgr.headroom_tokens()
     if deficit > 0:
         spare = _busy_sessions(scheduler) | _session_ids([scheduler.chunked_req])
-        mgr.release_for_pressure("chunk", deficit, spare, force=True)
+        if mgr.host.active:  # backed-up KV yields first (a reload), then leases end (a recompute)
+            deficit -= mgr.host.yield_room("chunk", deficit, spare)
+        if deficit > 0:
+            mgr.release_for_pressure("chunk", deficit, spare, force=True)
 
 
 @_guarded
@@ -339,7 +367,7 @@ def _after_prefill_pass(scheduler: Any, mgr: LeaseManager, batch: Any) -> None:
     busy = _busy_sessions(scheduler)
     if batch is not None:
         busy |= _session_ids(batch.reqs)
-    mgr.host.after_prefill_pass(batch, busy)
+    mgr.host.after_prefill_pass(batch, busy, queued=len(scheduler.waiting_queue))
 
 
 def leased_first(waiting_queue: list, mgr: LeaseManager) -> None:
@@ -370,6 +398,25 @@ def _relieve_prefill_stall(
 
 def _prefill_deficit(mgr: LeaseManager, req: Any) -> int:
     """Tokens the refused head still needs beyond free + evictable KV (>= 1)."""
+    return max(_prefill_need(mgr, req) - mgr.headroom_tokens(), 1)
+
+
+def _running_reservation(scheduler: Any, running_batch: Any) -> int:
+    """KV SGLang's admission keeps for the running requests' remaining decode
+    (``PrefillAdder._get_running_request_total_token_offset``)."""
+    from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
+
+    tracker = getattr(scheduler, "new_token_ratio_tracker", None)
+    ratio = float(getattr(tracker, "current", 1.0))
+    total = 0.0
+    for req in getattr(running_batch, "reqs", None) or ():
+        left = min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS)
+        total += left * (1.0 if req.sampling_params.ignore_eos else ratio)
+    return int(total) + 1
+
+
+def _prefill_need(mgr: LeaseManager, req: Any) -> int:
+    """GPU KV the refused request needs to be admitted: its uncached tokens and its reply."""
     from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
 
     extend = len(req.full_untruncated_fill_ids) - req.prefix_len
@@ -378,9 +425,7 @@ def _prefill_deficit(mgr: LeaseManager, req: Any) -> int:
         CLIP_MAX_NEW_TOKENS,
     )
     page = getattr(mgr.tree.cache, "page_size", 1) or 1
-    need = extend + max_new + 2 * page
-    free = mgr.tree.available_tokens() + mgr.tree.evictable_tokens()
-    return max(need - free, 1)
+    return extend + max_new + 2 * page
 
 
 def check_decode_mem(original, batch, *args, **kwargs):
@@ -399,12 +444,21 @@ def check_decode_mem(original, batch, *args, **kwargs):
     spare = _session_ids(batch.reqs)
     if scheduler is not None:
         spare |= _busy_sessions(scheduler)
+    while not ok and mgr.host.active and mgr.has_hard():  # backed-up KV yields first (a reload)
+        if _yield_one_for_decode(mgr, spare) <= 0:
+            break
+        ok = original(batch, *args, **kwargs)
     while not ok and mgr.has_hard():
         released = _release_one_for_decode(mgr, spare)
         if not released:
             break
         ok = original(batch, *args, **kwargs)
     return ok
+
+
+@_guarded
+def _yield_one_for_decode(mgr: LeaseManager, spare: set[str]) -> int:
+    return mgr.host.yield_room("decode", 1, spare) or 0
 
 
 @_guarded

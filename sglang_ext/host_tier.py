@@ -23,7 +23,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from . import tiers
-from .lease_table import HARD, SOFT, Lease
+from .lease_table import HARD, SOFT, Lease, release_order
 
 if TYPE_CHECKING:
     from .manager import LeaseManager
@@ -43,6 +43,9 @@ class HostTier:
         self._next_change: float | None = None
         self._window_open: list[str] = []  # sessions due at the last retier (prefetch candidates)
         self._skipped: dict[str, str] = {}  # session -> why its due prefetch waits (counted once)
+        # GPU KV a request refused for lack of it still needs (the last admission attempt): no lock
+        # and no prefetch may take it (work-conserving leases)
+        self.blocked_need = 0
 
     @property
     def active(self) -> bool:
@@ -87,8 +90,9 @@ class HostTier:
             return
         hard_nodes = mgr.hard_path_nodes()
         limit, used = mgr.limit_tokens(), mgr.hard_tokens()
-        # a lock takes evictable KV away: never below what the scheduler's own work may claim
-        spare = mgr.headroom_tokens() - mgr.reserve_tokens()
+        # a lock takes evictable KV away: never below what the scheduler's own work may claim, and
+        # never the room a queued request is waiting for
+        spare = mgr.headroom_tokens() - mgr.reserve_tokens() - self.blocked_need
         changed, nxt, window_open = False, None, []
         for lease in mgr.table.leases():
             state = mgr.tree.path_state(lease.node_id)
@@ -124,13 +128,41 @@ class HostTier:
         """Rank 0: a tier or prefetch decision is due (so an idle server still ticks)."""
         return self._next_change is not None and now >= self._next_change
 
+    # ---------------------------------------------------------------- pressure
+    def yield_room(self, stage: str, deficit_tokens: int, spare: set[str] | frozenset[str] = frozenset()) -> int:
+        """Work-conserving leases: unlock hard leases whose whole path is backed up on host, least
+        valuable first (``release_order``), until ``deficit_tokens`` became evictable. Losing their
+        GPU copy costs a reload, not a recompute, so no request waits for them; each lease stays
+        (soft), so its KV keeps its place in the eviction order and may be prefetched again.
+        Returns the tokens made evictable."""
+        mgr, tree = self.mgr, self.mgr.tree
+        gained = 0
+        yielded = 0
+        while gained < max(deficit_tokens, 1):
+            candidates = [l for l in mgr.table.leases(HARD) if tree.path_state(l.node_id).unbacked_tokens == 0]
+            gains = {l.session_id: tree.unlock_gain(l.node_id) for l in candidates}
+            candidates = [l for l in candidates if gains[l.session_id] > 0]
+            if not candidates:
+                break
+            victim = release_order(candidates, gains, mgr.table.clock, set(spare))[0]
+            before = tree.evictable_tokens()
+            mgr.soften(victim)
+            gained += tree.evictable_tokens() - before
+            yielded += 1
+            mgr.metrics.inc("yields", stage=stage)
+        if yielded:
+            mgr.recount()
+            logger.debug("sglang_ext: %s pressure: %d lease(s) yielded, %d tokens evictable", stage, yielded, gained)
+        return gained
+
     # ------------------------------------------------------------------ prefetch
-    def after_prefill_pass(self, batch: Any, busy: set[str]) -> None:
-        """After SGLang built this iteration's prefill batch (or none): guard it, then prefetch."""
+    def after_prefill_pass(self, batch: Any, busy: set[str], queued: int = 0) -> None:
+        """After SGLang built this iteration's prefill batch (or none): guard it, then prefetch,
+        only while no request is queued (a prefetch never takes KV a queued request could use)."""
         self._reap()
         if batch is not None:
             self._guard(batch)
-        if self.mgr.settings.prefetch:
+        if self.mgr.settings.prefetch and not queued:
             self._prefetch(busy)
 
     def _reap(self) -> None:
@@ -173,7 +205,7 @@ class HostTier:
         issued = []
         hard_nodes = mgr.hard_path_nodes()
         used = mgr.hard_tokens()
-        spare = mgr.headroom_tokens() - mgr.reserve_tokens()  # see retier
+        spare = mgr.headroom_tokens() - mgr.reserve_tokens() - self.blocked_need  # see retier
         for _, _, lease, state in due:
             extra = mgr.extra_hard_tokens(lease.node_id, hard_nodes)
             if used + extra > mgr.limit_tokens():

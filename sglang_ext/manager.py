@@ -66,6 +66,7 @@ class LeaseManager:
         # in the current pass, the scheduler (weakref) and whether /metrics export
         # was decided.
         self.blocked_head: Any = None
+        self.admission_tried = False  # add_one_req ran in the current pass
         self.scheduler_ref: Any = None
         self.metrics_checked = False
         self.host = HostTier(self)

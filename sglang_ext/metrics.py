@@ -64,6 +64,16 @@ METRIC_SPECS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         ),
         ("stage",),
     ),
+    "yields": (
+        "counter",
+        "sglang_ext:session_lease_yields_total",
+        (
+            "Host tier: hard leases unlocked (kept soft) because a queued request did not fit "
+            "(stage=prefill), a chunk would not fit (stage=chunk) or the next decode step would not "
+            "(stage=decode), and all of their KV was backed up on host (a reload, not a recompute)."
+        ),
+        ("stage",),
+    ),
     "demotions": (
         "counter",
         "sglang_ext:session_lease_demotions_total",

@@ -111,6 +111,29 @@ class PrefillBatch:
     storage_tokens: int = 0  # of the batch's new tokens: copied in from L3 reads, not computed
 
 
+class _RunningBatchView:
+    """``Scheduler.running_batch`` as the plugin's hooks read it: the running requests, and
+    ``batch_is_full`` (the engine's flag: a hook that made room clears it, as on SGLang's batch)."""
+
+    def __init__(self, engine: SimEngine) -> None:
+        self._engine = engine
+        self.reqs = engine.running
+
+    def is_empty(self) -> bool:
+        return not self.reqs
+
+    def batch_size(self) -> int:
+        return len(self.reqs)
+
+    @property
+    def batch_is_full(self) -> bool:
+        return self._engine.batch_is_full
+
+    @batch_is_full.setter
+    def batch_is_full(self, value: bool) -> None:
+        self._engine.batch_is_full = bool(value)
+
+
 class SimEngine:
     def __init__(
         self,
@@ -339,8 +362,11 @@ class SimEngine:
 
     @property
     def running_batch(self) -> Any:
-        reqs = self.running
-        return SimpleNamespace(reqs=reqs, is_empty=lambda: not reqs, batch_size=lambda: len(reqs))
+        return _RunningBatchView(self)
+
+    @property
+    def new_token_ratio_tracker(self) -> Any:
+        return self.ratio
 
     def is_fully_idle(self, ignore_waiting: bool = False) -> bool:
         return not self.running and self.chunked_req is None and (ignore_waiting or not self.waiting)
@@ -403,11 +429,19 @@ class SimEngine:
         ``_get_new_batch_prefill_raw`` wraps this engine's pass as HookRegistry wraps SGLang's
         (leased-first queue order before it, the prefill pressure valve and, with a host tier,
         its prefetch after it)."""
-        leases = len(self.mgr.table) if self.mgr is not None else 0
+        leases = self._lease_counts()
         batch, _ = self._hooks.get_new_batch_prefill_raw(SimEngine._get_new_batch_prefill_raw, self)
-        # the valve released leases: the next pass may admit the head, so do not wait for an event
-        self._valve_released = self.mgr is not None and len(self.mgr.table) < leases
+        # the valve released (or unlocked) leases: the next pass may admit the head, so do not wait
+        # for an event
+        after = self._lease_counts()
+        self._valve_released = self.mgr is not None and (after[0] < leases[0] or after[1] < leases[1])
         return batch
+
+    def _lease_counts(self) -> tuple[int, int]:
+        """(leases, hard leases) of the plugin; (0, 0) without it."""
+        if self.mgr is None:
+            return 0, 0
+        return len(self.mgr.table), self.mgr.table.count("hard")
 
     def _get_new_batch_prefill_raw(self) -> tuple[PrefillBatch | None, Any]:
         """``Scheduler._get_new_batch_prefill_raw``, FCFS, with SGLang's PrefillAdder:

@@ -63,7 +63,7 @@ def tiered(kit, plugin):
     """make(gpu_tokens, host_tokens, **config) -> (cache, lease manager), lease clock at 0."""
 
     def make(gpu=512, host=1024, write_policy="write_through", **config):
-        cache = kit.make_cache(gpu, config={"max_leased_fraction": 0.9, **config})
+        cache = kit.make_cache(gpu, config={"max_leased_fraction": 0.9, "prefetch": True, **config})
         attach_host_tier(cache, host_tokens=host, write_policy=write_policy)
         mgr = plugin.manager_of(cache)
         mgr.on_tick(0.0)
@@ -475,7 +475,7 @@ def test_info_line_and_server_info_name_the_tiers(kit, plugin, caplog):
     assert caplog.text.count(line) == 1
     snap = plugin.manager_of(cache).snapshot()
     assert snap["tiers"].startswith("GPU 512 tokens, host 1025 tokens")
-    assert "prefetch on" in snap["tiers"]
+    assert "prefetch off" in snap["tiers"]  # the default: a reload at admission is cheaper than a wrong guess
     assert snap["tier_tokens"] == {"gpu": 512, "host": 1025}  # what the sidecar admits against
     plain = kit.make_cache(512)
     assert plugin.manager_of(plain).snapshot()["tiers"] == "GPU 512 tokens; no host tier"

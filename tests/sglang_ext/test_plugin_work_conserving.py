@@ -1,0 +1,117 @@
+"""Work-conserving leases over SGLang's host tier (issue 24 point 1).
+
+The simulator's scheduler loop (``SimEngine``: SGLang's real PrefillAdder, ScheduleBatch and
+UnifiedRadixCache with its real HiCache controller on CPU pools) with the plugin's hooks where
+SGLang's Scheduler calls them. A lease whose KV is backed up on host must never keep a runnable
+request waiting: losing that KV's GPU copy costs a reload, not a recompute.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("sglang")
+
+from sglang_ext.wire import lease_params  # noqa: E402
+
+
+def toks(base: int, n: int) -> list[int]:
+    return list(range(base, base + n))
+
+
+@pytest.fixture
+def tiered_engine(plugin):
+    """A SimEngine on a session_ttl cache with SGLang's host tier (3x the GPU pool)."""
+    from sidecar_tools.simulator.engine import SimEngine
+    from sidecar_tools.simulator.hicache_cpu import HostTierArgs
+
+    def make(kv_tokens: int, **config):
+        return SimEngine(kv_tokens=kv_tokens, policy="session_ttl",
+                         policy_config={"max_leased_fraction": 0.9, **config},
+                         max_running_requests=64, context_length=4096, max_jump_steps=1,
+                         host_tier=HostTierArgs(size_tokens=3 * kv_tokens))
+
+    return make
+
+
+def run_turn(engine, requests, prompt, out, session, ttl, expect=None, spread=0.0):
+    """One finished turn of ``session`` with a lease (and an expected return), as the sidecar sends it."""
+    req = requests(prompt, out, session)
+    req.ignore_eos = True
+    req.custom_params = lease_params(ttl, expect, spread)
+    engine.submit(req)
+    while not req.finished:
+        assert engine.step() or engine.busy
+    return req
+
+
+def due_leases(engine, requests, plugin):
+    """Two sessions leased hard: each is expected back at once (inside its prefetch window) and
+    its KV is on the GPU, backed up on host."""
+    mgr = plugin.manager_of(engine.cache)
+    for i, name in enumerate("AB"):
+        run_turn(engine, requests, toks(1000 * (i + 1), 100), 10, name, ttl=100, expect=5.0, spread=5.0)
+    for _ in range(3):  # let the write-through land and the lease clock tick
+        engine.advance_idle(engine.now + 0.1)
+    assert mgr.table.count("hard") == 2
+    for lease in mgr.table.leases():
+        assert mgr.tree.path_state(lease.node_id).unbacked_tokens == 0  # backed up on host
+    return mgr
+
+
+def test_a_queued_request_is_admitted_at_once_when_backed_up_leased_kv_makes_its_room(
+        plugin, tiered_engine, requests, admit_step):
+    engine = tiered_engine(400)
+    mgr = due_leases(engine, requests, plugin)
+    running = requests(toks(5000, 20), 100)  # a long decode: it will not free KV soon
+    running.ignore_eos = True
+    engine.submit(running)
+    assert admit_step(engine) == 1
+    big = requests(toks(7000, 200), 10)  # fits only if the leased KV (2 x 110) may be evicted
+    big.ignore_eos = True
+    engine.submit(big)
+    admitted = 0
+    for _ in range(3):  # the pass that refuses it yields; the next one admits it
+        admitted += admit_step(engine)
+        if admitted:
+            break
+    assert admitted == 1 and not engine.waiting_queue
+    assert any(r.rid == running.rid for r in engine.running_batch.reqs)  # while the other still runs
+    assert mgr.metrics.get("yields", stage="prefill") >= 1
+    assert mgr.metrics.total("pressure_releases") == 0  # no lease ended: they yielded
+    assert set(l.session_id for l in mgr.table.leases()) == {"A", "B"}  # still leased (soft)
+
+
+def test_while_a_request_waits_for_room_no_lease_locks_it_again(plugin, tiered_engine, requests, admit_step):
+    """A lease that yielded stays soft while a refused request still needs the room, even though
+    its session is due (its prefetch window is open)."""
+    engine = tiered_engine(400)
+    mgr = due_leases(engine, requests, plugin)
+    hog = requests(toks(5000, 100), 60)  # running work that holds most of the free KV
+    hog.ignore_eos = True
+    engine.submit(hog)
+    assert admit_step(engine) == 1
+    big = requests(toks(7000, 300), 10)  # more than free + all leased KV while hog runs
+    big.ignore_eos = True
+    engine.submit(big)
+    for _ in range(5):
+        assert admit_step(engine) == 0
+    assert mgr.table.count("hard") == 0  # yielded, and not re-locked while big waits
+    assert mgr.host.blocked_need > 0
+
+
+def test_without_a_host_tier_a_lease_still_holds_while_requests_run(plugin, make_engine, requests, admit_step):
+    """Without a host tier, giving up leased KV costs a recompute: the request waits for running
+    work as before (the idle valve releases leases only when nothing runs)."""
+    engine = make_engine(400, max_leased_fraction=0.9)
+    mgr = plugin.manager_of(engine.cache)
+    mgr.on_tick(0.0)
+    for i, name in enumerate("AB"):
+        run_turn(engine, requests, toks(1000 * (i + 1), 100), 10, name, ttl=100)
+    engine.advance_idle(engine.now + 0.1)
+    running = requests(toks(5000, 20), 100)
+    engine.submit(running)
+    assert admit_step(engine) == 1
+    engine.submit(requests(toks(7000, 200), 10))
+    assert admit_step(engine) == 0
+    assert mgr.table.count("hard") == 2 and mgr.metrics.total("yields") == 0
