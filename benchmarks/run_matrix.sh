@@ -19,6 +19,16 @@
 #   5s         the reference trace, 5 s tool gaps, host ratio 3
 #   overload   48 agents x 16 turns (twice the reference), 0.5 s gaps, host ratio 1: even the
 #              hierarchy (GPU + host) holds only ~1/3 of the contexts
+#   tracelab   the committed TraceLab trace (Claude Code 49K + Codex 12K tokens) x 7 copies, copy k
+#              starting 20k s later (0-120 s), recorded gaps and reply lengths, host ratio 3
+#              (the simulator's --replicate 7 --replicate-offset 20)
+#   miniswe    the committed LMCache mini-swe-agent trace, session i starting at i s, x 2 copies 0.5 s
+#              apart, recorded gaps, host ratio 3 (--start-spacing 1 --replicate 2 --replicate-offset 0.5)
+#   tracelab-r1  tracelab at host ratio 1
+# The real traces reach past 40,960 tokens: their runs start SGLang with --context-length 65536 and
+# SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 (dummy weights). Every run also saves an engine timeline
+# (sidecar_tools.benchmarks.engine_timeline over the part of SGLang's log the run wrote):
+# engine-timeline-RUN.md / .png.
 # Runs are named CONFIG-WORKLOAD (e.g. hicache-0.5s); SGLang restarts only when the next run needs
 # other engine flags, so keep runs of one engine together. Every run: --flush-cache, a fresh
 # --salt, --close-sessions, a fresh sidecar, TIME_LIMIT seconds at most.
@@ -70,8 +80,28 @@ run() { echo "$(quoted "$@")" >>"$CMDS"; "$@"; }
 
 TRACE=${TRACE:-$OUT/trace.jsonl}
 OVERLOAD_TRACE=$OUT/trace-overload.jsonl
+REAL_TRACES=$REPO/benchmarks/results/real-traces
+LONG_CONTEXT=65536
 [ -f "$TRACE" ] || run python3 -m sidecar_tools.benchmarks.traces generate --preset reference --out "$TRACE" >"$OUT/trace-stats.json"
 [ -f "$TOK_DIR/tokenizer.json" ] || run python3 -m sidecar_tools.benchmarks.qwen3_tokenizer "$TOK_DIR" || exit 1
+
+real_trace() {  # SOURCE OUT START_SPACING REPLICATE OFFSET: the simulator's replication, as a trace file
+  [ -f "$2" ] && return 0
+  echo "python3 -c <replicate $1 spacing=$3 x$4 offset=$5> >$2" >>"$CMDS"
+  python3 - "$@" <<'PY'
+import sys
+from sidecar_tools.benchmarks.traces import load_jsonl, save_jsonl
+src, out, spacing, copies, offset = sys.argv[1:6]
+trace = load_jsonl(src)
+if spacing:
+    trace = trace.with_start_spacing(float(spacing))
+trace = trace.replicated(int(copies), float(offset))
+# the sidecar admits session ids of A-Z a-z 0-9 . _ : @ - only: copy k is <id>@r<k> here (<id>~r<k> in
+# the simulator, which takes ids unchecked); same sessions, starts, lengths and gaps
+sessions = [s.model_copy(update={"session_id": s.session_id.replace("~r", "@r")}) for s in trace.sessions]
+save_jsonl(trace.model_copy(update={"sessions": sessions}), out)
+PY
+}
 
 SIDECAR_PID=
 stop_sidecar() {
@@ -104,10 +134,19 @@ for spec in $RUNS; do
   RUN_NUMBER=$((RUN_NUMBER + 1))
   log "run $RUN_NUMBER/$RUN_TOTAL: $spec"
   config=${spec%%-*}; workload=${spec#*-}
-  trace=$TRACE; gap=0.5; ratio=$HICACHE_RATIO; kv=$KV
+  trace=$TRACE; gap=0.5; ratio=$HICACHE_RATIO; kv=$KV; context=()
   case $workload in
     0.5s) ;;
     5s) gap=5 ;;
+    tracelab|tracelab-r1)
+      [ "$workload" = tracelab-r1 ] && ratio=$OVERLOAD_RATIO
+      trace=$OUT/trace-tracelab.jsonl; gap=
+      real_trace "$REAL_TRACES/tracelab-examples.jsonl" "$trace" "" 7 20 || continue
+      context=(--context-length "$LONG_CONTEXT") ;;
+    miniswe)
+      trace=$OUT/trace-miniswe.jsonl; gap=
+      real_trace "$REAL_TRACES/lmcache-miniswe.jsonl" "$trace" 1 2 0.5 || continue
+      context=(--context-length "$LONG_CONTEXT") ;;
     overload)
       ratio=$OVERLOAD_RATIO
       [ -f "$OVERLOAD_TRACE" ] || run python3 -m sidecar_tools.benchmarks.traces generate --preset reference \
@@ -128,6 +167,8 @@ for spec in $RUNS; do
     unconstrained) engine=(); kv=600000 ;;
     *) log "unknown config in $spec; skipped"; continue ;;
   esac
+  engine+=("${context[@]}")
+  if [ ${#context[@]} -gt 0 ]; then export SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1; fi
   flags="--max-total-tokens $kv ${engine[*]} $EXTRA_SGLANG_ARGS"
   if [ "$flags" != "$ENGINE_FLAGS_UP" ]; then
     log "serve: $flags"
@@ -143,10 +184,17 @@ for spec in $RUNS; do
   # a fresh sidecar per run: what its predictor learned in one run must not carry into the next
   start_sidecar "$name" "${sidecar[@]}" || { stop_sidecar; continue; }
   log "run $name"
+  log_from=$(($(wc -l <"/tmp/sglang-$PORT.log" 2>/dev/null || echo 0) + 1))
+  gap_flags=(); [ -n "$gap" ] && gap_flags=(--tool-wait "$gap")  # real traces: recorded gaps
   run timeout $((TIME_LIMIT + 120)) python3 -m sidecar_tools.benchmarks.replay --mode openai \
     --url "http://127.0.0.1:$SIDECAR_PORT" --engine-url "$ENGINE" --tokenizer "$TOK_DIR" \
-    --trace "$trace" --tool-wait "$gap" --time-limit "$TIME_LIMIT" --close-sessions --flush-cache \
+    --trace "$trace" "${gap_flags[@]}" --time-limit "$TIME_LIMIT" --close-sessions --flush-cache \
     --salt "$name" --name "$name" --out "$OUT" 2>&1 | tee -a "$OUT/logs/matrix.log"
+  # this run's part of SGLang's log, and the engine timeline made from it
+  tail -n "+$log_from" "/tmp/sglang-$PORT.log" >"$OUT/logs/sglang-run-$name.log" 2>/dev/null
+  run python3 -m sidecar_tools.benchmarks.engine_timeline "$OUT/logs/sglang-run-$name.log" \
+    --md "$OUT/engine-timeline-$name.md" --png "$OUT/engine-timeline-$name.png" --title "$name" \
+    >>"$OUT/logs/matrix.log" 2>&1 || log "no engine timeline for $name (no scheduler lines in SGLang's log)"
   curl -s "127.0.0.1:$SIDECAR_PORT/metrics" >"$OUT/logs/sidecar-metrics-$name.txt"
   curl -s "$ENGINE/metrics" >"$OUT/logs/engine-metrics-$name.txt"
   stop_sidecar
@@ -155,7 +203,7 @@ done
 stop_engine
 
 # One table + plot per workload (speed-up against stock HiCache there), and one over everything.
-for workload in 0.5s 5s overload; do
+for workload in 0.5s 5s overload tracelab miniswe tracelab-r1; do
   ls "$OUT"/*-"$workload"$RUN_TAG.json >/dev/null 2>&1 || continue
   run python3 -m sidecar_tools.benchmarks.report "$OUT"/*-"$workload"$RUN_TAG.json --baseline "hicache-$workload$RUN_TAG" \
     --md "$OUT/table-$workload.md" --png "$OUT/plot-$workload.png" \
