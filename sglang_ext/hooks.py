@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .manager import LeaseManager
-from .settings import POLICY_NAME, SessionTTLSettings, seconds_or_none
+from .settings import POLICY_NAME, SessionTTLSettings
 from .strategy import SessionTTLStrategy
-from .wire import AFTER_TURN_PREFIX, parse_after_turn_key
+from .wire import AFTER_TURN_PREFIX, parse_after_turn_key, seconds_or_none
 
 logger = logging.getLogger(__name__)
 

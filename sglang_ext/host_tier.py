@@ -22,8 +22,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from . import tiers
-from .lease_table import HARD, SOFT, Lease, release_order
+from . import order, tiers
+from .lease_table import HARD, SOFT, Lease
+from .order import release_order
 
 if TYPE_CHECKING:
     from .manager import LeaseManager
@@ -58,11 +59,13 @@ class HostTier:
         ``gone_children``: children a dry run of the eviction walk took off the GPU already,
         whose leases then run through ``node`` (see ``_room_for``)."""
         tree = self.mgr.tree
-        unbacked = 0 if tree.node_reloadable(node, bool(getattr(tree.cache, "is_write_back", False))) else 1
         lease = self._covering_lease((node, *gone_children))
-        if lease is None:
-            return (unbacked, 0, node.last_access_time)
-        return (unbacked, 1, -lease.due_back(self.mgr.table.clock))
+        return order.eviction_key(
+            node.last_access_time,
+            host_tier=True,
+            reloadable=tree.node_reloadable(node, bool(getattr(tree.cache, "is_write_back", False))),
+            lease_due_back=None if lease is None else lease.due_back(self.mgr.table.clock),
+        )
 
     def _covering_lease(self, roots: tuple) -> Lease | None:
         """The most valuable lease whose path runs through the first root: one ending at a root
@@ -250,7 +253,7 @@ class HostTier:
         free = tree.available_tokens()
         if free >= need:
             return free
-        threshold = (0, 1, -lease.due_back(self.mgr.table.clock))
+        threshold = order.prefetch_threshold(lease.due_back(self.mgr.table.clock))
         return free + tree.eviction_room(self.eviction_key, lambda key: key >= threshold, need - free)
 
     # ------------------------------------------------------------------ bookkeeping

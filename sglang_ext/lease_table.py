@@ -258,27 +258,3 @@ def exclusive_tokens(paths: dict[str, Path]) -> dict[str, int]:
         key: sum(tokens for node_id, tokens in path if cover[node_id] == 1)
         for key, path in paths.items()
     }
-
-
-def release_order(
-    leases: Sequence[Lease],
-    exclusive: dict[str, int],
-    now: float | None,
-    spare: set[str] = frozenset(),
-) -> list[Lease]:
-    """Leases from least to most valuable.
-
-    Value = tokens only this lease protects / seconds until the session is
-    expected back (remaining TTL): the longest expected absence per token held
-    goes first. Two groups go last: leases that protect no token of their own
-    (releasing them frees nothing) and, after them, sessions in ``spare`` (a
-    request of theirs is queued or running, so the lease is about to be used).
-    Ties break by grant order, so every rank picks the same lease.
-    """
-
-    def key(lease: Lease):
-        tokens = exclusive.get(lease.session_id, 0)
-        absence = max(lease.remaining_s(now), 1e-3)
-        return (lease.session_id in spare, tokens <= 0, tokens / absence, lease.seq)
-
-    return sorted(leases, key=key)

@@ -29,12 +29,14 @@ from .lease_table import (
     Lease,
     LeaseTable,
     exclusive_tokens,
-    release_order,
     union_tokens,
 )
+from .order import release_order
 from .metrics import LeaseMetrics
 from .queue_order import WaitingOrder
-from .settings import TTL_PARAM, SessionTTLSettings, parse_expectation, parse_ttl
+from .settings import SessionTTLSettings
+from .wire import LEASE_TTL_PARAM as TTL_PARAM
+from .wire import parse_expectation, parse_ttl
 
 logger = logging.getLogger(__name__)
 
@@ -130,9 +132,7 @@ class LeaseManager:
         ``node_id``: lease it for the requested TTL, or end the session's lease."""
         if not session_id or session_id in self._closed:
             return
-        ttl = parse_ttl(
-            custom_params, self.settings.default_ttl_s, self.settings.max_ttl_s
-        )
+        ttl = parse_ttl(custom_params, self.settings.default_ttl_s)
         if ttl is None:
             self._warn_bad_ttl(session_id, custom_params)
             self.end(session_id, reason="ended")
@@ -177,6 +177,7 @@ class LeaseManager:
         """Lease (or renew) with a real tree lock, then enforce the bound. With a host tier the
         lease is locked only if ``host_tier`` says losing the KV would cost a recompute or a
         reload on the critical path."""
+        ttl_s = self.settings.clamp_ttl(ttl_s)
         tier = HARD
         if self.host.active:
             probe = Lease(session_id, node_id, ttl_s, 0, HARD, expect_s=expect_s, spread_s=spread_s)
@@ -340,7 +341,7 @@ class LeaseManager:
             self.end(session_id, reason="ended")
             return True
         if ttl_s is not None:
-            ttl_s = min(ttl_s, self.settings.max_ttl_s)
+            ttl_s = self.settings.clamp_ttl(ttl_s)
         self.table.restamp(session_id, ttl_s, expect_s, spread_s)
         return True
 

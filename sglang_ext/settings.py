@@ -8,16 +8,12 @@ silently running with defaults. No sglang import here.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 POLICY_NAME = "session_ttl"
-
-from .wire import EXPECTED_BACK_PARAM, EXPECTED_SPREAD_PARAM  # noqa: E402
-from .wire import LEASE_TTL_PARAM as TTL_PARAM  # noqa: E402,F401  (parse_ttl reads it; manager names it in warnings)
 
 
 class SessionTTLSettings(BaseModel):
@@ -122,42 +118,9 @@ class SessionTTLSettings(BaseModel):
                 f"eviction policy: {problems}"
             ) from None
 
+    def clamp_ttl(self, ttl_s: float) -> float:
+        """The one place a requested TTL meets ``max_ttl_s`` (grant and after-turn alike)."""
+        return min(float(ttl_s), self.max_ttl_s)
+
     def describe(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.model_dump().items())
-
-
-def parse_ttl(
-    custom_params: Any, default_ttl_s: float, max_ttl_s: float
-) -> float | None:
-    """TTL in seconds requested by one request, or None when it ends the lease.
-
-    Missing key -> ``default_ttl_s``; 0, negative, non-finite or non-numeric -> None.
-    """
-    value: Any = default_ttl_s
-    if isinstance(custom_params, Mapping) and TTL_PARAM in custom_params:
-        value = custom_params[TTL_PARAM]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    if not math.isfinite(value) or value <= 0.0:
-        return None
-    return min(value, max_ttl_s)
-
-
-def parse_expectation(custom_params: Any) -> tuple[float | None, float]:
-    """(seconds until the session is expected back, spread) asked by one request.
-
-    No expectation, or a bad one (negative, non-finite, non-numeric), is None; a bad spread is 0."""
-    if not isinstance(custom_params, Mapping):
-        return None, 0.0
-    expect = seconds_or_none(custom_params.get(EXPECTED_BACK_PARAM))
-    spread = seconds_or_none(custom_params.get(EXPECTED_SPREAD_PARAM))
-    return expect, (spread or 0.0)
-
-
-def seconds_or_none(value: Any) -> float | None:
-    """A finite number of seconds >= 0, else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) and value >= 0.0 else None

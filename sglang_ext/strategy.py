@@ -7,6 +7,7 @@ from typing import Any
 
 from sglang.srt.mem_cache.evict_policy import EvictionStrategy
 
+from . import order
 from .lease_table import LeaseTable
 from .manager import LeaseManager
 from .metrics import LeaseMetrics
@@ -56,7 +57,7 @@ class SessionTTLStrategy(EvictionStrategy):
         mgr = self.manager
         if mgr is not None and mgr.host.active:
             return mgr.host.eviction_key(node)
-        return (1 if self.table.is_soft_node(node.id) else 0, node.last_access_time)
+        return order.eviction_key(node.last_access_time, soft_leased=self.table.is_soft_node(node.id))
 
     def bind(self, cache: Any) -> LeaseManager:
         """The lease manager of ``cache`` (a UnifiedRadixCache on the Python TreeCore)."""

@@ -16,6 +16,10 @@ import it. No sglang import, so importing it never loads SGLang.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from typing import Any
+
 # Seconds the plugin keeps the session's KV after this request finishes (0 or absent: no lease).
 LEASE_TTL_PARAM = "session_lease_ttl_s"
 # Seconds after this request finishes at which the session is expected to send its next request.
@@ -80,3 +84,39 @@ def parse_after_turn_key(key: str) -> tuple[str, str] | None:
         )
     return field, session_id
 
+
+# ------------------------------------------------------------------ parsing (the plugin's side)
+def parse_ttl(custom_params: Any, default_ttl_s: float) -> float | None:
+    """TTL in seconds requested by one request (not yet clamped: ``SessionTTLSettings.clamp_ttl``),
+    or None when it ends the lease.
+
+    Missing key -> ``default_ttl_s``; 0, negative, non-finite or non-numeric -> None.
+    """
+    value: Any = default_ttl_s
+    if isinstance(custom_params, Mapping) and LEASE_TTL_PARAM in custom_params:
+        value = custom_params[LEASE_TTL_PARAM]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    if not math.isfinite(value) or value <= 0.0:
+        return None
+    return value
+
+
+def parse_expectation(custom_params: Any) -> tuple[float | None, float]:
+    """(seconds until the session is expected back, spread) asked by one request.
+
+    No expectation, or a bad one (negative, non-finite, non-numeric), is None; a bad spread is 0."""
+    if not isinstance(custom_params, Mapping):
+        return None, 0.0
+    expect = seconds_or_none(custom_params.get(EXPECTED_BACK_PARAM))
+    spread = seconds_or_none(custom_params.get(EXPECTED_SPREAD_PARAM))
+    return expect, (spread or 0.0)
+
+
+def seconds_or_none(value: Any) -> float | None:
+    """A finite number of seconds >= 0, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and value >= 0.0 else None

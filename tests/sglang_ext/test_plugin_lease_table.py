@@ -11,10 +11,11 @@ from sglang_ext.lease_table import (
     SOFT,
     LeaseTable,
     exclusive_tokens,
-    release_order,
     union_tokens,
 )
-from sglang_ext.settings import SessionTTLSettings, parse_ttl
+from sglang_ext.order import release_order
+from sglang_ext.settings import SessionTTLSettings
+from sglang_ext.wire import parse_ttl
 
 
 def test_renewal_replaces_the_previous_lease():
@@ -130,13 +131,18 @@ def test_settings_reject_unknown_keys_and_bad_values():
         ({"session_lease_ttl_s": "10"}, 0.0, None),
         ({"session_lease_ttl_s": True}, 0.0, None),
         ({"session_lease_ttl_s": float("inf")}, 0.0, None),
-        ({"session_lease_ttl_s": 1e9}, 0.0, 3600.0),  # clamped to max_ttl_s
+        ({"session_lease_ttl_s": 1e9}, 0.0, 1e9),  # parsed as asked; SessionTTLSettings.clamp_ttl clamps
         (None, 0.0, None),  # no key, default 0: ends the lease
         ({"other": 1}, 45.0, 45.0),  # no key: default_ttl_s
     ],
 )
 def test_parse_ttl(custom, default, expected):
-    assert parse_ttl(custom, default_ttl_s=default, max_ttl_s=3600.0) == expected
+    assert parse_ttl(custom, default_ttl_s=default) == expected
+
+
+def test_the_ttl_is_clamped_in_one_place():
+    settings = SessionTTLSettings(max_ttl_s=3600.0)
+    assert settings.clamp_ttl(1e9) == 3600.0 and settings.clamp_ttl(12.5) == 12.5
 
 
 def test_lease_of_a_session_waiting_for_admission_does_not_expire():

@@ -8,7 +8,8 @@ import pytest
 
 from sglang_ext import tiers
 from sglang_ext.lease_table import HARD, SOFT, Lease, LeaseTable
-from sglang_ext.settings import SessionTTLSettings, parse_expectation
+from sglang_ext.settings import SessionTTLSettings
+from sglang_ext.wire import parse_expectation
 from sglang_ext.wire import (
     EXPECTED_BACK_PARAM,
     EXPECTED_SPREAD_PARAM,
