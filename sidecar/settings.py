@@ -92,8 +92,15 @@ class ServerSettings(BaseModel):
     tokenize_timeout: float = Field(
         10.0,
         gt=0,
-        description="Seconds a large prompt may wait for the tokenizer thread (large prompts are tokenized off the "
-        "event loop, one at a time); past it the request gets 503.",
+        description="Seconds a large prompt may wait for a tokenizer thread (large prompts are tokenized off the "
+        "event loop, keys taking turns); past it the request gets 503.",
+    )
+    tokenize_threads: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Threads that prepare large prompts off the event loop. Each key runs at most all but one of "
+        "them at once and keys take turns, so one key's large prompts never hold up another key's.",
     )
     startup_wait: float = Field(
         30.0,

@@ -158,7 +158,7 @@ class ChatRenderer:
         """The block's ids, once checked against encoding the whole text (paid once per block)."""
         head_ids = self.encode(head_text, limit)  # limited too: a 10 MB system prompt stops at the limit
         whole = self.encode(text, limit)
-        if whole[: len(head_ids)] != head_ids or whole[len(head_ids) :] != self.encode(text[len(head_text) :]):
+        if whole[: len(head_ids)] != head_ids or whole[len(head_ids) :] != self.encode(text[len(head_text) :], limit):
             return None
         return head_ids
 
