@@ -8,7 +8,10 @@ same fields). No aiohttp here: any layer may import this module.
 
 from __future__ import annotations
 
+import logging
 import re
+
+_log = logging.getLogger("sidecar.engine")
 
 
 class APIError(Exception):
@@ -38,8 +41,13 @@ def invalid_request(message: str, param: str | None = None, code: str | None = N
     return APIError(400, message, param=param, code=code)
 
 
-def engine_unavailable(message: str) -> APIError:
-    return APIError(503, message, type="engine_unavailable", code="engine_unavailable")
+def engine_unavailable(message: str, cause: BaseException | None = None, code: str = "engine_unavailable") -> APIError:
+    """503 with a stable code and a short message: the cause's kind, never its text (which is
+    aiohttp's, may be long and says nothing the client can act on); the text goes to the log."""
+    if cause is not None:
+        _log.warning("%s: %s", message, cause)
+        message = f"{message} ({type(cause).__name__})"
+    return APIError(503, message, type="engine_unavailable", code=code)
 
 
 def engine_error(message: str) -> APIError:

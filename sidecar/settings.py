@@ -92,8 +92,37 @@ class ServerSettings(BaseModel):
     tokenize_timeout: float = Field(
         10.0,
         gt=0,
-        description="Seconds a large prompt may wait for the tokenizer thread (large prompts are tokenized off the "
-        "event loop, one at a time); past it the request gets 503.",
+        description="Seconds a large prompt may wait for a tokenizer thread (large prompts are tokenized off the "
+        "event loop, keys taking turns); past it the request gets 503.",
+    )
+    allowed_hosts: str = Field(
+        "",
+        description="Host names requests may be addressed to, space- or comma-separated (`.example.com`: it and "
+        "its subdomains; `*`: any). Always allowed: IP addresses, loopback names, the --host address (with "
+        "0.0.0.0 or ::, this machine's names). Others get 403, as does a browser's Origin naming another host: "
+        "no web page can reach the sidecar by re-pointing its own hostname (DNS rebinding).",
+    )
+    max_connections: int = Field(
+        0, ge=0, description="Most client connections open at once; more are answered 503 and closed (0: three "
+        "quarters of the open-files limit, less a reserve).",
+    )
+    max_connections_per_peer: int = Field(
+        0, ge=0, description="Most client connections open from one address (0: three quarters of --max-connections)."
+    )
+    header_timeout: float = Field(
+        10.0, gt=0, description="Seconds a new connection has to send its first request's headers; then it is closed."
+    )
+    keepalive_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds an idle client connection stays open; 2 s once three quarters of --max-connections are open.",
+    )
+    tokenize_threads: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Threads that prepare large prompts off the event loop. Each key runs at most all but one of "
+        "them at once and keys take turns, so one key's large prompts never hold up another key's.",
     )
     startup_wait: float = Field(
         30.0,

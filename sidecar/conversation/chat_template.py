@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-import re
 import threading
 from collections import OrderedDict
 from typing import Any
 
+from sidecar.conversation.control_text import ControlText
 from sidecar.conversation.tokens import TokenCodec, TooManyTokens
 from sidecar.errors import APIError, invalid_request
 
@@ -68,9 +68,7 @@ class ChatRenderer:
         self.codec = TokenCodec(tokenizer)
         self.eos_ids = self._eos_ids()
         self.vocab_size = len(tokenizer)  # ids the tokenizer knows (added tokens included)
-        specials = sorted(self.codec.special_tokens(), key=len, reverse=True)
-        self._special_re = re.compile("|".join(map(re.escape, specials))) if specials else None
-        self._special_ids = {t: self.tokenizer.convert_tokens_to_ids(t) for t in specials}
+        self.control = ControlText(self.codec.control_tokens())  # what client text may not spell
         self.heads = HeadCache()
 
     def _eos_ids(self) -> list[int]:
@@ -109,10 +107,13 @@ class ChatRenderer:
         """Ids of a whole conversation plus the generation prompt (first turn or new branch).
         ``limit`` > 0: TooManyTokens (``sidecar.conversation.tokens``) rather than more ids, known
         from the rendered text's length where it can be, before any tokenizing."""
+        escaped = self.control.escape(messages, tools, kwargs)
+        if escaped is not None:  # some field spells a control token: it stays text
+            text = self._render(*escaped, add_generation_prompt=True)
+            self.codec.check_fits(len(text), limit)
+            return self.control.encode(text, self.codec.encode_as_text, limit)
         text = self._render(messages, tools, kwargs, add_generation_prompt=True)
         self.codec.check_fits(len(text), limit)
-        if self._spells_control_tokens(messages):
-            return self._encode_client_text_as_text(text, messages, limit)
         head = self._head(messages, tools, kwargs, text, limit)
         if head is None:
             return self.encode(text, limit)
@@ -155,9 +156,9 @@ class ChatRenderer:
 
     def _verified_head_ids(self, head_text: str, text: str, limit: int = 0) -> list[int] | None:
         """The block's ids, once checked against encoding the whole text (paid once per block)."""
-        head_ids = self.encode(head_text)
+        head_ids = self.encode(head_text, limit)  # limited too: a 10 MB system prompt stops at the limit
         whole = self.encode(text, limit)
-        if whole[: len(head_ids)] != head_ids or whole[len(head_ids) :] != self.encode(text[len(head_text) :]):
+        if whole[: len(head_ids)] != head_ids or whole[len(head_ids) :] != self.encode(text[len(head_text) :], limit):
             return None
         return head_ids
 
@@ -170,6 +171,9 @@ class ChatRenderer:
         ids); its text is not sent again. A reply cut by length gets the template's full closing.
         """
         anchor = [_ANCHOR_USER, {"role": "assistant", "content": _MARKER}]
+        escaped = self.control.escape(new_messages, tools, kwargs)
+        if escaped is not None:  # some field spells a control token: it stays text
+            new_messages, tools, kwargs = escaped
         text = self._render(anchor + new_messages, tools, kwargs, add_generation_prompt=True)
         cut = text.rfind(_MARKER)
         if cut < 0:
@@ -179,56 +183,9 @@ class ChatRenderer:
             end_text = self.codec.decode([previous_end_id], skip_special_tokens=False)
             if end_text and suffix.startswith(end_text):
                 suffix = suffix[len(end_text) :]
-        if self._spells_control_tokens(new_messages):
-            return self._encode_client_text_as_text(suffix, new_messages, limit)
+        if escaped is not None:
+            return self.control.encode(suffix, self.codec.encode_as_text, limit)
         return self.encode(suffix, limit)
-
-    def _spells_control_tokens(self, messages: list[dict]) -> bool:
-        regex = self._special_re
-        return regex is not None and any(regex.search(m.get("content") or "") for m in messages)
-
-    def _encode_client_text_as_text(self, text: str, messages: list[dict], limit: int) -> list[int]:
-        """Ids of a rendered ``text`` in which the control tokens the messages' own text spells
-        (``<|im_start|>system`` typed by a user or returned by a tool) are plain text, and only the
-        template's own are control tokens: no message can forge a role or end a turn.
-
-        The tokenizer splits a text at every control token before anything else, so encoding the
-        pieces between the template's control tokens one by one gives the ids the whole would
-        have, if the client's markers were not special."""
-        spans, pos = [], 0
-        for m in messages:
-            content = m.get("content") or ""
-            if not self._special_re.search(content):
-                continue
-            for candidate in (content, content.strip()):
-                at = text.find(candidate, pos)
-                if at >= 0:
-                    spans.append((at, at + len(candidate)))
-                    pos = at + len(candidate)
-                    break
-            else:
-                raise invalid_request(
-                    f"a {m.get('role')} message spells control tokens and the chat template does not render it verbatim"
-                )
-        ids: list[int] = []
-        start = 0
-        for match in self._special_re.finditer(text):
-            if any(a <= match.start() < b for a, b in spans):
-                continue  # the client's text: stays text
-            ids += self._as_text(text[start : match.start()], len(ids), limit) + [self._special_ids[match.group()]]
-            start = match.end()
-        ids += self._as_text(text[start:], len(ids), limit)
-        if limit and len(ids) > limit:
-            raise TooManyTokens(len(ids), limit)
-        return ids
-
-    def _as_text(self, piece: str, so_far: int, limit: int) -> list[int]:
-        if not limit:
-            return self.codec.encode_as_text(piece)
-        try:
-            return self.codec.encode_as_text(piece, max(limit - so_far, 1))
-        except TooManyTokens as exc:
-            raise TooManyTokens(exc.at_least + so_far, limit) from None
 
 
 @functools.cache

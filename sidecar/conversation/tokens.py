@@ -11,6 +11,7 @@ through transformers unchanged.
 from __future__ import annotations
 
 import json
+import weakref
 from typing import Sequence
 
 try:  # transformers 5 (TokenizersBackend) and 4 (PreTrainedTokenizerFast)
@@ -103,6 +104,13 @@ def _shrink(normalizer) -> int | None:
     return factor
 
 
+_PLAIN_BACKENDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # tokenizer -> its plain backend
+
+
+def _is_control(special: bool | None, normalized: bool | None) -> bool:
+    return bool(special) or not normalized
+
+
 class TokenCodec:
     """``encode(text)`` / ``decode(ids, skip_special_tokens)`` with transformers' exact results."""
 
@@ -119,7 +127,11 @@ class TokenCodec:
         self._fast_batch = hasattr(backend, "encode_batch_fast")  # tokenizers >= 0.21
         self._decode_exact = plain and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
         self._max_chars_per_token = max_chars_per_token(backend) if backend is not None else None
-        self._plain = None  # the backend that spells control tokens as text (made when first needed)
+        # the backend that spells control tokens as text: made now (seconds for a large vocabulary,
+        # which the first request whose text spells a control token would otherwise spend on the loop)
+        self._plain = _PLAIN_BACKENDS.get(tokenizer) if self._backend is not None else None
+        if self._backend is not None and self._plain is None:
+            self._plain = _PLAIN_BACKENDS[tokenizer] = self._backend_matching_no_control_token()
         # Tokens the backend splits out before anything else; a cut next to one is a clean cut.
         self._added: list[str] = []
         self._boundary: tuple[str, ...] = ()
@@ -155,13 +167,21 @@ class TokenCodec:
                 self.check_fits(len(text), limit)
             ids = self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
             return self._within(list(ids), limit)
-        if self._plain is None:
-            from tokenizers import Tokenizer
-
-            plain = Tokenizer.from_str(self._backend.to_str())
-            plain.encode_special_tokens = True
-            self._plain = plain
         return self._encode_on(self._plain, text, limit)
+
+    def _backend_matching_no_control_token(self):
+        """A copy of the backend on which every control token (``control_tokens``) is flagged
+        special and ``encode_special_tokens`` is set: it encodes their spellings as the text they
+        are (``encode_special_tokens`` alone spares the unflagged ones, Qwen3's ``<tool_call>``)."""
+        from tokenizers import Tokenizer
+
+        config = json.loads(self._backend.to_str())
+        for token in config.get("added_tokens") or ():
+            if _is_control(token.get("special"), token.get("normalized")):
+                token["special"] = True
+        plain = Tokenizer.from_str(json.dumps(config))
+        plain.encode_special_tokens = True
+        return plain
 
     def _encode_on(self, backend, text: str, limit: int) -> list[int]:
         if limit:
@@ -203,6 +223,18 @@ class TokenCodec:
         if self._backend is None:
             return [t for t in self.tokenizer.all_special_tokens if t]
         return [t.content for t in self._backend.get_added_tokens_decoder().values() if t.special and t.content]
+
+    def control_tokens(self) -> dict[str, int]:
+        """Every added token the template or the model reads as structure, flagged special or not
+        (Qwen3's ``<tool_call>``, ``<tool_response>``, ``<think>``, FIM markers are not): text -> id.
+        An added token that is normalized like text and not special is a word, not a control."""
+        if self._backend is None:
+            return {t: self.tokenizer.convert_tokens_to_ids(t) for t in self.special_tokens()}
+        return {
+            t.content: i
+            for i, t in self._backend.get_added_tokens_decoder().items()
+            if t.content and _is_control(t.special, t.normalized)
+        }
 
     def fewest_tokens(self, n_chars: int) -> int:
         """A lower bound of the tokens of any text of ``n_chars`` characters (0 if unknown)."""

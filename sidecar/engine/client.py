@@ -72,13 +72,13 @@ class EngineClient:
                     raise
                 resp = await self._retry_connect(method, path, **kwargs)
         except aiohttp.ClientConnectorError as exc:
-            raise engine_unavailable(f"SGLang is not reachable at {self.base_url}: {exc}") from None
+            raise engine_unavailable(f"SGLang is not reachable at {self.base_url}", exc) from None
         except aiohttp.ServerDisconnectedError as exc:
-            raise engine_unavailable(f"SGLang closed the connection without answering: {exc}") from None
+            raise engine_unavailable("SGLang closed the connection without answering", exc) from None
         except asyncio.TimeoutError:
             raise engine_timeout(f"SGLang did not answer {path} in time") from None
         except aiohttp.ClientError as exc:
-            raise engine_unavailable(f"SGLang connection failed: {exc}") from None
+            raise engine_unavailable("SGLang connection failed", exc) from None
         if resp.status >= 400:
             body = await resp.text()
             resp.release()
@@ -155,7 +155,7 @@ class EngineClient:
         except asyncio.TimeoutError:
             raise engine_timeout(f"SGLang did not finish within {self.request_timeout:g} s") from None
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            raise engine_unavailable(f"SGLang dropped the stream: {exc}") from None
+            raise engine_unavailable("SGLang dropped the stream", exc) from None
         finally:
             resp.release()
 

@@ -27,6 +27,8 @@ from sidecar.metrics import SidecarMetrics
 from sidecar.server import keys, routes
 from sidecar.server.auth import AuthConfigError, auth_middleware, build_key_store
 from sidecar.server.background import background_contexts
+from sidecar.server.connections import connection_guard
+from sidecar.server.hosts import HostRule, host_middleware
 from sidecar.server.middleware import error_middleware, metrics_middleware
 from sidecar.server.summary import startup_summary
 from sidecar.settings import SidecarSettings
@@ -107,10 +109,17 @@ def create_app(settings: SidecarSettings, tokenizer=None) -> web.Application:
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
         # sidecar.server.body decodes bodies in bounded steps; a body left unread (refused, too
-        # slow) is drained for at most 1 s before its connection closes (aiohttp's default: 10 s)
-        handler_args={"auto_decompress": False, "lingering_time": 1.0},
-        middlewares=[metrics_middleware, error_middleware, auth_middleware(key_store, settings.server)],
+        # slow) is drained for at most 1 s before its connection closes (aiohttp's default: 10 s);
+        # idle connections are closed by sidecar.server.connections (aiohttp's own timer just after)
+        handler_args={"auto_decompress": False, "lingering_time": 1.0,
+                      "keepalive_timeout": settings.server.keepalive_timeout + 1.0},
+        middlewares=[
+            metrics_middleware, error_middleware,
+            host_middleware(HostRule(settings.server.allowed_hosts, settings.server.host)),
+            auth_middleware(key_store, settings.server),
+        ],
     )
+    connection_guard(settings.server).install(app)
     app[keys.SETTINGS] = settings
     app[keys.METRICS] = metrics = SidecarMetrics()
     app[keys.ENGINE_HEALTH] = EngineHealth(metrics, settings.server.sglang_url)

@@ -28,7 +28,7 @@ from sidecar.id_text import IdText
 from sidecar.metrics import SidecarMetrics
 from sidecar.policy import AdmissionRejected, SessionPolicy, TurnEnd, build_policy
 from sidecar.settings import ServerSettings, SidecarSettings
-from sidecar.turn.offload import OFFLOAD_CHARS, Offload
+from sidecar.turn.offload import OFFLOAD_CHARS, Offload, request_weight
 from sidecar.turn.request import TurnRequest
 from sidecar.turn.tenants import RateLimits, too_many
 
@@ -55,7 +55,7 @@ class TurnCore:
         self.workers = workers
         self.metrics = metrics
         self.model_name = model_name  # what the doors call the model
-        self.offload = Offload(settings.tokenize_timeout)  # large prompts are prepared there
+        self.offload = Offload(settings.tokenize_timeout, settings.tokenize_threads)  # large prompts are prepared there
         self.shared_prefix = _read_shared_prefix(settings.shared_prefix_file)
         self.rate_limits = RateLimits(settings.key_rate_limit, settings.key_rate_burst)
         self._model_fixed = settings.model_name is not None  # --model-name wins over SGLang's
@@ -101,10 +101,15 @@ class TurnCore:
         self.rate_limits.take(request.scope)
         self.check(request)
         render = self.renderer.render_full
-        args = (request.messages, request.tools, request.template_kwargs)
-        if _text_chars(request) >= OFFLOAD_CHARS:
-            return len(await self.offload.run(render, *args))
-        return len(render(*args))
+        limit = self.settings.max_prompt_tokens or self.workers.first().capacity.max_req_input_len or COUNT_TOKENS_LIMIT
+        args = (request.messages, request.tools, request.template_kwargs, limit)
+        weight = _text_chars(request)
+        try:
+            if weight >= OFFLOAD_CHARS:
+                return len(await self.offload.run(render, *args, key=request.scope, weight=weight))
+            return len(render(*args))
+        except TooManyTokens as exc:  # counted ahead: no text is tokenized past the limit
+            raise _too_long(f"at least {exc.at_least}", limit) from None
 
     # ---------------------------------------------------------------- engine info
     async def refresh_engine_info(self) -> None:
@@ -259,8 +264,9 @@ class Turn:
         core.check(req)
         explicit = check_session_id(req.session_id) if req.session_id is not None else None
         # megabytes of text are hashed, rendered and tokenized off the event loop (sidecar.turn.offload)
-        large = _text_chars(req) >= OFFLOAD_CHARS
-        prints = await core.offload.run(fingerprints, req.messages) if large else None
+        weight = _text_chars(req)
+        large = weight >= OFFLOAD_CHARS
+        prints = await core.offload.run(fingerprints, req.messages, key=req.scope, weight=weight) if large else None
         res = self.resolution = core.sessions.resolve(req.messages, explicit, req.scope, prints)
         logs.bind_session(res.session.public_id)
         self._n_messages = len(req.messages)
@@ -284,7 +290,7 @@ class Turn:
         limit = core.settings.max_prompt_tokens or limit_worker.capacity.max_req_input_len
         try:
             if large:
-                ids = await core.offload.run(self._prompt_ids, req, res, forced, limit)
+                ids = await core.offload.run(self._prompt_ids, req, res, forced, limit, key=req.scope)
             else:
                 ids = self._prompt_ids(req, res, forced, limit)
         except TooManyTokens as exc:
@@ -440,6 +446,8 @@ class Turn:
             self.core.sessions.forget(session, "failed")  # a first request that failed leaves nothing behind
 
 
+COUNT_TOKENS_LIMIT = 1 << 18  # count_tokens' limit while no worker has told its own
+
 REVISE_IF_CHANGED_BY = 0.2  # relative change of the TTL or the expected return worth a message
 
 
@@ -481,8 +489,8 @@ def _read_shared_prefix(path: str | None) -> str | None:
 
 
 def _text_chars(req: TurnRequest) -> int:
-    """The characters of text a request carries (what rendering and tokenizing cost grows with)."""
-    return sum(len(m.get("content") or "") + len(m.get("reasoning_content") or "") for m in req.messages)
+    """What preparing a request costs, all fields counted (``sidecar.turn.offload.request_weight``)."""
+    return request_weight(req.messages, req.tools, req.template_kwargs)
 
 
 def _too_long(count: str, limit: int) -> APIError:

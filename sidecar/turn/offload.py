@@ -1,15 +1,22 @@
-"""Heavy per-request work off the event loop: one thread, a deadline per job.
+"""Heavy per-request work off the event loop: a small pool of threads, fair across keys.
 
 Rendering, hashing and tokenizing a prompt of megabytes takes from tens of milliseconds to
-seconds; on the event loop it would stall every stream and /health. Large requests hand that
-work to one thread instead (the tokenizers library and hashlib release the GIL while they run),
-so at most one core goes to them and the loop keeps serving. (Not at a lower CPU priority: the
-thread holds the GIL between tokenizer calls, and a thread the scheduler puts off while it holds
-the GIL stalls the loop instead.) A job that cannot start within
-its deadline gets 503 (retry later) and is dropped if it has not started; one that runs is bounded
-by the request's own size, which the body and token limits have already capped. After a job the C
-heap is trimmed: the tokenizer's buffers for a large prompt would otherwise stay in the
-process's resident memory long after the request.
+seconds; on the event loop it would stall every stream and /health. A request whose text, all
+fields counted (:func:`request_weight`), is large hands that work to the pool instead (the
+tokenizers library and hashlib release the GIL while they run), so the loop keeps serving.
+
+Fair: each key (the API key's scope) has its own queue and runs at most ``threads - 1`` jobs at
+once (one with a single thread), and a free thread takes the next key in turn. So one key's long
+requests wait behind each other, never in front of another key's: with two threads, a key that
+floods the pool still leaves a thread to the rest. A job that cannot start within its deadline
+gets 503 (retry later) and is dropped unstarted; one that runs is bounded by the request's
+limits (body size, prompt tokens counted ahead), never by how much text was sent.
+
+Memory: allocations of a megabyte or more are mapped on their own and unmapped when freed (glibc's
+``M_MMAP_THRESHOLD``, fixed, so it cannot drift up to 32 MB after a few large bodies), and the
+heap is trimmed only once a pool thread is idle after megabytes of text went through it, at most
+once a second (``malloc_trim`` walks the whole heap: once per job it cost a quarter of the
+sidecar's CPU at 256 agents).
 """
 
 from __future__ import annotations
@@ -17,60 +24,247 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
-from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, TypeVar
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, TypeVar
 
 from sidecar.errors import APIError
 
 T = TypeVar("T")
 
-OFFLOAD_CHARS = 64 * 1024  # a request carrying at least this much text is prepared off the loop
+OFFLOAD_CHARS = 64 * 1024  # a request weighing at least this much is prepared off the loop
+ITEM_WEIGHT = 32  # each value (object, list, string, number) counts as this many characters besides its text
+TRIM_AFTER_CHARS = 4 << 20  # the heap is trimmed once this much text was prepared since the last trim...
+TRIM_MIN_INTERVAL_S = 1.0  # ...at most this often, when a thread has nothing queued
+MMAP_THRESHOLD_BYTES = 1 << 20  # malloc maps allocations from this size on (returned to the OS on free)
+
+
+def request_weight(messages: Iterable[Any], tools: Any = None, kwargs: Any = None, enough: int = OFFLOAD_CHARS) -> int:
+    """What preparing a request costs, in characters of text: every string of every field (message
+    text, reasoning, tool-call names and arguments, tool definitions, template variables), plus
+    ITEM_WEIGHT for each value (thousands of short messages or tiny values cost too). Counting
+    stops once ``enough`` is reached, so the count itself is bounded work on the loop."""
+    total = 0
+    stack: list[Any] = [kwargs, tools, list(messages) if not isinstance(messages, list) else messages]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            total += ITEM_WEIGHT + len(value)
+        elif isinstance(value, dict):
+            total += ITEM_WEIGHT
+            for key, item in value.items():
+                total += len(key) if isinstance(key, str) else ITEM_WEIGHT
+                stack.append(item)
+        elif isinstance(value, (list, tuple)):
+            total += ITEM_WEIGHT
+            stack.extend(value)
+        elif value is not None:
+            total += ITEM_WEIGHT
+        if total >= enough:
+            return total
+    return total
+
+
+def _libc():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+_LIBC = _libc()
+_M_MMAP_THRESHOLD = -3
 
 
 def _malloc_trim() -> Callable[[], None]:
     """glibc's malloc_trim(0), or nothing where there is no glibc."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
+    trim = getattr(_LIBC, "malloc_trim", None)
+    if trim is None:
         return lambda: None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return lambda: trim(0)
 
 
+def fix_mmap_threshold(nbytes: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Allocations of ``nbytes`` or more mapped on their own, returned to the OS when freed; the
+    threshold stays fixed (glibc would otherwise raise it after large frees, keeping body-sized
+    buffers in the heap). False where there is no glibc."""
+    mallopt = getattr(_LIBC, "mallopt", None)
+    if mallopt is None:
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, nbytes))
+
+
 def tokenizer_busy(timeout_s: float) -> APIError:
     return APIError(
         503,
-        f"the sidecar's tokenizer thread did not get to this large prompt within {timeout_s:g} s (other large "
-        "prompts first); retry later",
+        f"the sidecar's tokenizer threads did not get to this large prompt within {timeout_s:g} s (this key's other "
+        "large prompts first); retry later",
         type="server_busy",
         code="tokenizer_busy",
         headers={"Retry-After": str(max(1, round(timeout_s)))},
     )
 
 
+@dataclass(eq=False)
+class _Job:
+    fn: Callable[..., Any]
+    args: tuple
+    key: str
+    weight: int
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+
+
+@dataclass
+class _Queues:
+    """Waiting jobs by key; running jobs per key; when each key was last served (the key served
+    longest ago goes next, a key never served first: round robin, new keys included)."""
+
+    waiting: dict[str, deque[_Job]] = field(default_factory=dict)
+    running: dict[str, int] = field(default_factory=dict)
+    served: dict[str, int] = field(default_factory=dict)
+    _turn: int = 0
+
+    def push(self, job: _Job) -> None:
+        self.waiting.setdefault(job.key, deque()).append(job)
+
+    def pop(self, per_key: int) -> _Job | None:
+        """The oldest job of the key served longest ago, skipping keys running ``per_key`` jobs."""
+        ready = [k for k in self.waiting if self.running.get(k, 0) < per_key]
+        if not ready:
+            return None
+        key = min(ready, key=lambda k: self.served.get(k, -1))
+        jobs = self.waiting[key]
+        job = jobs.popleft()
+        if not jobs:
+            del self.waiting[key]
+        self._turn += 1
+        self.served[key] = self._turn
+        self.running[key] = self.running.get(key, 0) + 1
+        return job
+
+    def remove(self, job: _Job) -> None:
+        jobs = self.waiting.get(job.key)
+        if jobs is not None and job in jobs:
+            jobs.remove(job)
+            if not jobs:
+                del self.waiting[job.key]
+
+    def done(self, key: str) -> None:
+        n = self.running[key] - 1
+        if n:
+            self.running[key] = n
+        else:
+            del self.running[key]
+            if key not in self.waiting:
+                self.served.pop(key, None)  # an idle key is forgotten (keys are unbounded)
+
+
 class Offload:
-    """``await offload.run(fn, *args)``: ``fn(*args)`` on the one worker thread."""
+    """``await offload.run(fn, *args, key=scope)``: ``fn(*args)`` on a pool thread, fair across keys."""
 
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float, threads: int = 2):
         self.timeout_s = timeout_s
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sidecar-tokenize")
+        self.threads = max(1, threads)
+        self.per_key = max(1, self.threads - 1)
+        self._queues = _Queues()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._workers: list[threading.Thread] = []
         self._trim = _malloc_trim()
+        self._since_trim = 0  # characters prepared since the last trim
+        self._last_trim = 0.0
+        fix_mmap_threshold()
 
-    def _job(self, fn: Callable[..., T], args) -> T:
-        try:
-            return fn(*args)
-        finally:
-            self._trim()
+    def _start(self) -> None:
+        while len(self._workers) < self.threads:
+            t = threading.Thread(target=self._work, name=f"sidecar-tokenize-{len(self._workers)}", daemon=True)
+            self._workers.append(t)
+            t.start()
 
-    async def run(self, fn: Callable[..., T], *args) -> T:
-        future = self._pool.submit(self._job, fn, args)
+    async def run(self, fn: Callable[..., T], *args, key: str = "", weight: int = OFFLOAD_CHARS) -> T:
+        loop = asyncio.get_running_loop()
+        job = _Job(fn, args, key, weight, loop, loop.create_future())
+        with self._cond:
+            if self._closed:
+                raise tokenizer_busy(self.timeout_s)
+            if not self._workers:
+                self._start()
+            self._queues.push(job)
+            self._cond.notify()
         try:
-            # a job still queued at the deadline (or whose client went away) is cancelled and never
+            # a job still queued at the deadline (or whose client went away) is dropped and never
             # runs; one already running finishes on its own, its result unused
-            return await asyncio.wait_for(asyncio.wrap_future(future), self.timeout_s)
+            return await asyncio.wait_for(asyncio.shield(job.future), self.timeout_s)
         except TimeoutError:
             raise tokenizer_busy(self.timeout_s) from None
+        finally:
+            if not job.future.done():
+                with self._cond:
+                    self._queues.remove(job)
+                job.future.cancel()  # a running job's result (or error) is dropped unread
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                job = self._next_job()
+                if job is None:
+                    return
+            try:
+                result, error = job.fn(*job.args), None
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting request
+                result, error = None, exc
+            try:
+                job.loop.call_soon_threadsafe(_settle, job.future, result, error)
+            except RuntimeError:  # the loop is closed: nobody waits
+                pass
+            with self._cond:
+                self._queues.done(job.key)
+                self._since_trim += job.weight
+                self._cond.notify()
+
+    def _next_job(self) -> _Job | None:
+        """The next job to run (None once closed); an idle thread trims the heap when it is due."""
+        while not self._closed:
+            job = self._queues.pop(self.per_key)
+            if job is not None:
+                return job
+            if self._trim_due():
+                self._since_trim, self._last_trim = 0, time.monotonic()
+                self._cond.release()
+                try:
+                    self._trim()
+                finally:
+                    self._cond.acquire()
+                continue
+            wait = TRIM_MIN_INTERVAL_S - (time.monotonic() - self._last_trim) if self._since_trim >= TRIM_AFTER_CHARS else None
+            self._cond.wait(max(wait, 0.01) if wait is not None else None)
+        return None
+
+    def _trim_due(self) -> bool:
+        return self._since_trim >= TRIM_AFTER_CHARS and time.monotonic() - self._last_trim >= TRIM_MIN_INTERVAL_S
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._cond:
+            self._closed = True
+            for jobs in self._queues.waiting.values():
+                for job in jobs:
+                    try:
+                        job.loop.call_soon_threadsafe(job.future.cancel)
+                    except RuntimeError:  # its loop is closed
+                        pass
+            self._queues.waiting.clear()
+            self._cond.notify_all()
+
+
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

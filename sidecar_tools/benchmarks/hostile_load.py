@@ -11,7 +11,13 @@ After ``--baseline`` seconds it attacks, all at once:
 * one sends the same prompt gzip-compressed (``Content-Encoding: gzip``),
 * ``--small-clients`` clients send a ``--small-mb`` MB prompt each (different texts);
 
-then the agents go on for ``--after`` seconds. It reports the agents' TTFT in the baseline and
+then the agents go on for ``--after`` seconds. ``--attack`` picks other attacks (issue 27):
+
+* ``tool-args``: ``--small-clients`` chat bodies whose history carries a ``--small-mb`` MB tool-call argument,
+* ``many-messages``: ``--small-clients`` bodies of 7,000 short messages each,
+* ``system``: ``--small-clients`` ``--small-mb`` MB system prompts on /v1/messages and as many on count_tokens,
+* ``connections``: ``--small-clients`` idle connections (no headers) held for ``--attack-window`` seconds.
+ It reports the agents' TTFT in the baseline and
 during the attack (from its first request until its last answer + 1 s), the ``/health`` latency,
 what the attackers got back, and the sidecar's RSS before, at its peak and at the end.
 
@@ -70,11 +76,54 @@ def prompt_text(n_bytes: int, seed: int) -> str:
     return "".join(words)
 
 
+def tool_args_body(text: str) -> bytes:
+    history = [{"role": "user", "content": "write it"},
+               {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+                   "name": "write_file", "arguments": json.dumps({"path": "a.txt", "text": text})}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "ok"}, {"role": "user", "content": "now?"}]
+    return json.dumps({"model": LOAD_MODEL, "messages": history, "max_tokens": 16}).encode()
+
+
+def many_messages_body(seed: int, n: int = 7000) -> bytes:
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{seed}-{i}"} for i in range(n - 1)]
+    return json.dumps({"model": LOAD_MODEL, "messages": messages + [{"role": "user", "content": "end"}], "max_tokens": 16}).encode()
+
+
+def system_body(text: str) -> bytes:
+    return json.dumps({"model": LOAD_MODEL, "system": text, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+async def hold_connections(url: str, n: int, seconds: float, out: list[dict]) -> None:
+    """``n`` connections that never send a header, each held up to ``seconds`` or until closed."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, n + 256)), hard))  # the attacker's own files
+
+    async def one(i: int) -> None:
+        start = time.time()
+        row: dict[str, Any] = {"name": f"idle connection #{i}", "bytes_sent": 0, "started": start}
+        try:
+            reader, writer = await asyncio.open_connection(host, int(port))
+            data = await asyncio.wait_for(reader.read(200), seconds)
+            row["status"] = int(data[9:12]) if data.startswith(b"HTTP/1.1 ") else "closed"
+            writer.close()
+        except asyncio.TimeoutError:
+            row["status"] = "held"
+        except OSError as exc:
+            row["error"] = type(exc).__name__
+        row["seconds"] = round(time.time() - start, 3)
+        out.append(row)
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+
+
 def chat_body(text: str) -> bytes:
     return json.dumps({"model": LOAD_MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 16}).encode()
 
 
-async def attack(url: str, body: bytes, gzipped: bool, name: str, out: list[dict]) -> None:
+async def attack(url: str, body: bytes, gzipped: bool, name: str, out: list[dict], path: str = "/v1/chat/completions") -> None:
     headers = {"Content-Type": "application/json"}
     if gzipped:
         headers["Content-Encoding"] = "gzip"
@@ -82,7 +131,7 @@ async def attack(url: str, body: bytes, gzipped: bool, name: str, out: list[dict
     row: dict[str, Any] = {"name": name, "bytes_sent": len(body), "started": start}
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
-            async with http.post(url + "/v1/chat/completions", data=body, headers=headers) as resp:
+            async with http.post(url + path, data=body, headers=headers) as resp:
                 row["status"] = resp.status
                 with contextlib.suppress(Exception):
                     row["code"] = (await resp.json()).get("error", {}).get("code")
@@ -96,6 +145,30 @@ def _attacker_main(url: str, cfg_json: str, out_path: str) -> None:
     """The attackers' own process (so that writing ~70 MB of bodies never stalls the agents'
     client): prepare the bodies, print READY, wait for a line on stdin, attack, write the answers."""
     cfg = json.loads(cfg_json)
+    kind, n = cfg.get("attack", "bodies"), cfg["small_clients"]
+    if kind != "bodies":
+        if kind == "tool-args":
+            bodies = [("/v1/chat/completions", tool_args_body(prompt_text(int(cfg["small_mb"] * 1e6), 100 + i))) for i in range(n)]
+        elif kind == "many-messages":
+            bodies = [("/v1/chat/completions", many_messages_body(i)) for i in range(n)]
+        elif kind == "system":
+            texts = [prompt_text(int(cfg["small_mb"] * 1e6), 100 + i) for i in range(n)]
+            bodies = [(p, system_body(t)) for t in texts for p in ("/v1/messages", "/v1/messages/count_tokens")]
+        else:
+            bodies = []
+        print(f"READY {kind} {len(bodies)} bodies", flush=True)
+        sys.stdin.readline()
+        results: list[dict] = []
+
+        async def go_kind() -> None:
+            if kind == "connections":
+                await hold_connections(url, n, cfg["attack_window"], results)
+            else:
+                await asyncio.gather(*(attack(url, b, False, f"{kind} #{i} {p}", results, p) for i, (p, b) in enumerate(bodies)))
+
+        asyncio.run(go_kind())
+        Path(out_path).write_text(json.dumps({"requests": results, "big_gzip_bytes": 0}))
+        return
     block = prompt_text(4096, 1)  # repeated: it compresses as the issue's did (50 MB -> ~0.1-0.3 MB)
     big = chat_body(block * (cfg["big_mb"] * 1_000_000 // len(block)))
     big_gz = gzip.compress(big, 9)
@@ -222,6 +295,8 @@ async def run(cfg: dict[str, Any], tokenizer_dir: str, log) -> dict[str, Any]:
     final = sum(rss_end) / max(1, len(rss_end))
     b, a = phases["baseline"]["ttft_ms"], phases["attack"]["ttft_ms"]
     added_p99 = None if a["p99"] is None or b["p99"] is None else round(a["p99"] - b["p99"], 3)
+    server_errors = sum(isinstance(r.get("status"), int) and r["status"] >= 500 and r.get("code") != "too_many_connections"
+                        for r in results)
     statuses: dict[str, int] = {}
     for row in results:
         key = f"{row.get('status', 'error')} {row.get('code') or ''}".strip()
@@ -242,6 +317,8 @@ async def run(cfg: dict[str, Any], tokenizer_dir: str, log) -> dict[str, Any]:
             "health_p99_under_50ms": (health["attack"]["latency_ms"]["p99"] or 0) < 50,
             "rss_back_within_10pct": before > 0 and final <= before * 1.10,
             "agents_no_errors": all(p["errors"] == 0 for p in phases.values()),
+            "largest_health_gap_under_100ms": (health["attack"]["latency_ms"]["max"] or 0) < 100,
+            "attackers_no_5xx": server_errors == 0,
         },
         "slowest": {  # (seconds from the attack's start, ms): where the tail is
             "health": sorted(((round(t - attack_start, 2), round(lat * 1000, 1)) for t, lat, _ in probes), key=lambda x: -x[1])[:10],
@@ -260,11 +337,13 @@ async def run(cfg: dict[str, Any], tokenizer_dir: str, log) -> dict[str, Any]:
 @click.option("--big-mb", type=int, default=50, show_default=True)
 @click.option("--small-mb", type=float, default=1.0, show_default=True)
 @click.option("--small-clients", type=int, default=50, show_default=True)
+@click.option("--attack", type=click.Choice(["bodies", "tool-args", "many-messages", "system", "connections"]),
+              default="bodies", show_default=True, help="Which attack (see the module's docstring).")
 @click.option("--tokenizer", "tokenizer_dir", default=None, help="Qwen3 tokenizer folder (default: built offline).")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Write NAME.json here.")
 @click.option("--name", default="hostile-load", show_default=True, help="File stem of the result.")
-def main(agents, baseline, after, attack_window, big_mb, small_mb, small_clients, tokenizer_dir, out, name):
-    cfg = {"agents": agents, "baseline": baseline, "after": after, "attack_window": attack_window, "big_mb": big_mb,
+def main(agents, baseline, after, attack_window, big_mb, small_mb, small_clients, attack, tokenizer_dir, out, name):
+    cfg = {"attack": attack, "agents": agents, "baseline": baseline, "after": after, "attack_window": attack_window, "big_mb": big_mb,
            "small_mb": small_mb, "small_clients": small_clients, "preset": PRESET}
     with tempfile.TemporaryDirectory(prefix="hostile-tok-") as tmp:
         if tokenizer_dir is None:

@@ -555,3 +555,18 @@ async def test_load_smoke_nothing_lost(qwen3_tokenizer_dir):
     assert summary["errors"] == 0 and summary["unfinished_at_stop"] == 0
     assert summary["outside_engine_ttft_ms"]["n"] == summary["turns_ok"]  # each turn matched one engine request
     assert summary["continued_turns"] == summary["turns_ok"] - summary["sessions_started"]
+
+
+async def test_an_in_stream_error_carries_a_stable_code_and_no_exception_text(make_sidecar, sglang_double, qwen3_tokenizer, sse):
+    """Issue 27.7: the engine dropping a stream mid-way ends it with code engine_unavailable and a
+    short message naming the kind of failure, not aiohttp's exception text."""
+    from sidecar_tools.simulator.replies import scripted_responder
+
+    client = await make_sidecar()
+    sglang_double.faults.drop_next, sglang_double.faults.drop_after_tokens = 1, 3
+    sglang_double.responder = scripted_responder(qwen3_tokenizer.encode(" a b c d e f g h", add_special_tokens=False))
+    resp = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "stream": True})
+    events = sse(await resp.read())
+    error = events[-2]["error"]
+    assert error["code"] == "engine_unavailable"
+    assert len(error["message"]) < 120 and "Response payload" not in error["message"] and "Errno" not in error["message"]

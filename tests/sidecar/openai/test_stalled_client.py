@@ -23,7 +23,7 @@ async def test_a_client_that_stops_reading_is_cut_and_its_request_aborted(make_s
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, (client.server.host, client.server.port))
     body = json.dumps({"messages": [{"role": "user", "content": "talk"}], "stream": True, "max_tokens": 30_000}).encode()
-    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             + f"Content-Length: {len(body)}\r\n\r\n".encode())
     await asyncio.get_running_loop().sock_sendall(sock, head + body)
     try:  # ... and never read

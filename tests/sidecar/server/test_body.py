@@ -142,7 +142,7 @@ async def _raw_request(client, head: bytes, body_parts: list[tuple[bytes, float]
 
 def _head(length: int) -> bytes:
     return (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         + f"Content-Length: {length}\r\n\r\n".encode()
     )
 
