@@ -114,9 +114,12 @@ def serve(config_file: str | None, engine_log: str | None, engine_start_timeout:
               help="Its --radix-eviction-policy: session_ttl (this project's plugin), lru (stock SGLang), ...")
 @click.option("--hicache-ratio", type=float, default=3.0, show_default=True,
               help="Its host-RAM tier (SGLang's --hicache-ratio: host pool = ratio x KV pool); 0 = none.")
+@click.option("--engine-replies", type=click.Choice(["agent", "random"]), default="agent", show_default=True,
+              help="What its model says: agent (a scripted agent's model: one tool call to a tool the request offers, "
+                   "then a short answer, each ending with EOS) or random (tokens up to max_tokens, for load tests).")
 @settings_options
 def demo(config_file: str | None, engine_log: str | None, kv_tokens: int, engine_port: int, engine_policy: str,
-         hicache_ratio: float, **kwargs: Any) -> None:
+         hicache_ratio: float, engine_replies: str, **kwargs: Any) -> None:
     """The main job on any machine: the simulated SGLang engine (SGLang's real radix cache with its
     host tier and this project's plugin, on the CPU, in real time) on --engine-port, the sidecar in front of it; Ctrl+C
     stops both. Needs --tokenizer (python3 -m sidecar_tools.benchmarks.qwen3_tokenizer DIR builds Qwen3's)."""
@@ -132,7 +135,8 @@ def demo(config_file: str | None, engine_log: str | None, kv_tokens: int, engine
     if "simulate" not in tool_commands():
         raise click.ClickException("the simulator is not installed here: pip install -e '.[plugin,bench]'")
     engine = [sys.executable, "-m", "sidecar", "simulate", "--serve", "--host", "127.0.0.1", "--port", str(engine_port),
-              "--policy", engine_policy, "--kv-tokens", str(kv_tokens), "--tokenizer-path", tokenizer]
+              "--policy", engine_policy, "--kv-tokens", str(kv_tokens), "--tokenizer-path", tokenizer,
+              "--replies", engine_replies]
     if hicache_ratio > 0:
         engine += ["--hicache-ratio", str(hicache_ratio)]
     _serve(settings, engine, engine_log, start_timeout=300.0)
