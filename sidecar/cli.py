@@ -96,7 +96,8 @@ _ENGINE_LOG = click.option(
 @settings_options
 def serve(config_file: str | None, engine_log: str | None, engine_start_timeout: float, engine_command: tuple[str, ...],
           **kwargs: Any) -> None:
-    """Serve /v1/chat/completions in front of SGLang's native /generate.
+    """Serve three front doors, /v1/chat/completions (OpenAI), /v1/messages (Anthropic: Claude Code) and
+    /v1/responses (OpenAI Responses: Codex), in front of SGLang's native /generate.
 
     With an engine command after `--` (e.g. `-- python3 -m sglang.launch_server --model-path M --port 30000
     ...`) the sidecar starts it in a process group of its own, waits for its /health at --sglang-url, and
@@ -127,6 +128,13 @@ def demo(config_file: str | None, engine_log: str | None, kv_tokens: int, engine
     if "sglang_url" in overrides.get("server", {}):
         raise click.UsageError("demo starts its own engine on 127.0.0.1:--engine-port; --sglang-url is for serve")
     url = f"http://127.0.0.1:{engine_port}"
+    from sidecar import supervisor
+
+    if not supervisor.port_free("127.0.0.1", engine_port):
+        raise click.ClickException(
+            f"cannot start the engine on 127.0.0.1:{engine_port}: the port is in use (another engine or server?); "
+            "pick another with --engine-port"
+        )
     overrides.setdefault("server", {})["sglang_url"] = url
     settings = _settings(config_file, overrides)
     tokenizer = settings.server.tokenizer
@@ -159,7 +167,7 @@ def _serve(settings, engine_command: list[str], engine_log: str | None, start_ti
     server = settings.server
     logs.configure(server.log_level, server.log_format)
     if engine_command and not supervisor.port_free(server.host, server.port):
-        raise click.ClickException(f"cannot listen on {server.host}:{server.port}: the address is in use")
+        raise click.ClickException(f"cannot listen on {server.host}:{server.port}: the address is in use; pick another with --port")
     engine = supervisor.EngineProcess(engine_command, server.sglang_url, engine_log) if engine_command else None
     stops = "it" if engine is None else "it and the engine"
     try:
@@ -191,7 +199,7 @@ def _serve(settings, engine_command: list[str], engine_log: str | None, start_ti
     except (StartupError, supervisor.EngineFailed) as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
-        raise click.ClickException(f"cannot listen on {server.host}:{server.port}: {exc}") from None
+        raise click.ClickException(f"cannot listen on {server.host}:{server.port} (--host/--port): {exc}") from None
     finally:
         if engine is not None:
             engine.stop()
