@@ -168,7 +168,8 @@ def _serve(settings, engine_command: list[str], engine_log: str | None, start_ti
     logs.configure(server.log_level, server.log_format)
     if engine_command and not supervisor.port_free(server.host, server.port):
         raise click.ClickException(f"cannot listen on {server.host}:{server.port}: the address is in use; pick another with --port")
-    engine = supervisor.EngineProcess(engine_command, server.sglang_url, engine_log) if engine_command else None
+    as_json = server.log_format == "json"  # then stderr stays one JSON object a line: the engine's lines are logged
+    engine = supervisor.EngineProcess(engine_command, server.sglang_url, engine_log, relay_lines=as_json) if engine_command else None
     stops = "it" if engine is None else "it and the engine"
     try:
         with supervisor.stop_signals_interrupt():
@@ -188,11 +189,7 @@ def _serve(settings, engine_command: list[str], engine_log: str | None, start_ti
                 port=server.port,
                 handler_cancellation=True,
                 access_log=None,
-                print=lambda _: click.echo(
-                    f"\nsidecar ready: point an OpenAI client at http://{server.host}:{server.port}/v1 "
-                    f"(Ctrl+C stops {stops})\n",
-                    err=True,
-                ),
+                print=lambda _: _say_listening(f"http://{server.host}:{server.port}", stops, as_json),
             )
     except KeyboardInterrupt:  # Ctrl+C, SIGTERM or SIGHUP before serving began
         pass
@@ -205,6 +202,17 @@ def _serve(settings, engine_command: list[str], engine_log: str | None, start_ti
             engine.stop()
     if engine is not None and engine.exited_first:
         raise click.ClickException(f"the engine exited (code {engine.exit_code()}); the sidecar stopped with it")
+
+
+def _say_listening(url: str, stops: str, as_json: bool) -> None:
+    """Said once the socket is bound (aiohttp's print hook runs after its sites started)."""
+    text = f"listening: point an OpenAI client at {url}/v1, Anthropic's at {url} (Ctrl+C stops {stops})"
+    if as_json:
+        import logging
+
+        logging.getLogger("sidecar").info("%s", text)
+    else:
+        click.echo(f"\nsidecar {text}\n", err=True)
 
 
 FULL_GC_AFTER_GEN1_PASSES = 100  # CPython's default is 10

@@ -34,3 +34,22 @@ def test_serve_names_port_when_its_port_is_taken():
 def test_serve_help_names_the_three_doors():
     text = CliRunner().invoke(main, ["serve", "--help"]).output
     assert all(door in text for door in ("/v1/chat/completions", "/v1/messages", "/v1/responses"))
+
+
+def test_with_json_logs_the_engines_lines_are_logged_not_printed(caplog, unused_tcp_port):
+    import logging
+    import sys
+    import time
+
+    from sidecar.supervisor import EngineProcess
+
+    engine = EngineProcess([sys.executable, "-c", "print('engine says hi', flush=True)"],
+                           f"http://127.0.0.1:{unused_tcp_port}", relay_lines=True)
+    with caplog.at_level(logging.INFO, logger="sidecar.engine"):
+        engine.start()
+        engine.proc.wait(10)
+        deadline = time.monotonic() + 5
+        while not any("engine says hi" in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert [r.getMessage() for r in caplog.records if r.name == "sidecar.engine"] == ["engine says hi"]
+    engine.stop()
