@@ -94,6 +94,9 @@ class TurnCore:
         if not self.model_known:
             await self.refresh_engine_info()
         if not self.model_known:
+            refused = [e for e in self._info_errors.values() if e.status != 503]
+            if refused:  # SGLang answered, with an error of its own (e.g. its API key): that error
+                raise refused[0]
             raise APIError(
                 503,
                 "SGLang has not told which model it serves yet (is it up?)",
