@@ -96,7 +96,8 @@ _ENGINE_LOG = click.option(
 @settings_options
 def serve(config_file: str | None, engine_log: str | None, engine_start_timeout: float, engine_command: tuple[str, ...],
           **kwargs: Any) -> None:
-    """Serve /v1/chat/completions in front of SGLang's native /generate.
+    """Serve three front doors, /v1/chat/completions (OpenAI), /v1/messages (Anthropic: Claude Code) and
+    /v1/responses (OpenAI Responses: Codex), in front of SGLang's native /generate.
 
     With an engine command after `--` (e.g. `-- python3 -m sglang.launch_server --model-path M --port 30000
     ...`) the sidecar starts it in a process group of its own, waits for its /health at --sglang-url, and
@@ -114,9 +115,12 @@ def serve(config_file: str | None, engine_log: str | None, engine_start_timeout:
               help="Its --radix-eviction-policy: session_ttl (this project's plugin), lru (stock SGLang), ...")
 @click.option("--hicache-ratio", type=float, default=3.0, show_default=True,
               help="Its host-RAM tier (SGLang's --hicache-ratio: host pool = ratio x KV pool); 0 = none.")
+@click.option("--engine-replies", type=click.Choice(["agent", "random"]), default="agent", show_default=True,
+              help="What its model says: agent (a scripted agent's model: one tool call to a tool the request offers, "
+                   "then a short answer, each ending with EOS) or random (tokens up to max_tokens, for load tests).")
 @settings_options
 def demo(config_file: str | None, engine_log: str | None, kv_tokens: int, engine_port: int, engine_policy: str,
-         hicache_ratio: float, **kwargs: Any) -> None:
+         hicache_ratio: float, engine_replies: str, **kwargs: Any) -> None:
     """The main job on any machine: the simulated SGLang engine (SGLang's real radix cache with its
     host tier and this project's plugin, on the CPU, in real time) on --engine-port, the sidecar in front of it; Ctrl+C
     stops both. Needs --tokenizer (python3 -m sidecar_tools.benchmarks.qwen3_tokenizer DIR builds Qwen3's)."""
@@ -124,6 +128,13 @@ def demo(config_file: str | None, engine_log: str | None, kv_tokens: int, engine
     if "sglang_url" in overrides.get("server", {}):
         raise click.UsageError("demo starts its own engine on 127.0.0.1:--engine-port; --sglang-url is for serve")
     url = f"http://127.0.0.1:{engine_port}"
+    from sidecar import supervisor
+
+    if not supervisor.port_free("127.0.0.1", engine_port):
+        raise click.ClickException(
+            f"cannot start the engine on 127.0.0.1:{engine_port}: the port is in use (another engine or server?); "
+            "pick another with --engine-port"
+        )
     overrides.setdefault("server", {})["sglang_url"] = url
     settings = _settings(config_file, overrides)
     tokenizer = settings.server.tokenizer
@@ -132,7 +143,8 @@ def demo(config_file: str | None, engine_log: str | None, kv_tokens: int, engine
     if "simulate" not in tool_commands():
         raise click.ClickException("the simulator is not installed here: pip install -e '.[plugin,bench]'")
     engine = [sys.executable, "-m", "sidecar", "simulate", "--serve", "--host", "127.0.0.1", "--port", str(engine_port),
-              "--policy", engine_policy, "--kv-tokens", str(kv_tokens), "--tokenizer-path", tokenizer]
+              "--policy", engine_policy, "--kv-tokens", str(kv_tokens), "--tokenizer-path", tokenizer,
+              "--replies", engine_replies]
     if hicache_ratio > 0:
         engine += ["--hicache-ratio", str(hicache_ratio)]
     _serve(settings, engine, engine_log, start_timeout=300.0)
@@ -155,8 +167,9 @@ def _serve(settings, engine_command: list[str], engine_log: str | None, start_ti
     server = settings.server
     logs.configure(server.log_level, server.log_format)
     if engine_command and not supervisor.port_free(server.host, server.port):
-        raise click.ClickException(f"cannot listen on {server.host}:{server.port}: the address is in use")
-    engine = supervisor.EngineProcess(engine_command, server.sglang_url, engine_log) if engine_command else None
+        raise click.ClickException(f"cannot listen on {server.host}:{server.port}: the address is in use; pick another with --port")
+    as_json = server.log_format == "json"  # then stderr stays one JSON object a line: the engine's lines are logged
+    engine = supervisor.EngineProcess(engine_command, server.sglang_url, engine_log, relay_lines=as_json) if engine_command else None
     stops = "it" if engine is None else "it and the engine"
     try:
         with supervisor.stop_signals_interrupt():
@@ -176,23 +189,30 @@ def _serve(settings, engine_command: list[str], engine_log: str | None, start_ti
                 port=server.port,
                 handler_cancellation=True,
                 access_log=None,
-                print=lambda _: click.echo(
-                    f"\nsidecar ready: point an OpenAI client at http://{server.host}:{server.port}/v1 "
-                    f"(Ctrl+C stops {stops})\n",
-                    err=True,
-                ),
+                print=lambda _: _say_listening(f"http://{server.host}:{server.port}", stops, as_json),
             )
     except KeyboardInterrupt:  # Ctrl+C, SIGTERM or SIGHUP before serving began
         pass
     except (StartupError, supervisor.EngineFailed) as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
-        raise click.ClickException(f"cannot listen on {server.host}:{server.port}: {exc}") from None
+        raise click.ClickException(f"cannot listen on {server.host}:{server.port} (--host/--port): {exc}") from None
     finally:
         if engine is not None:
             engine.stop()
     if engine is not None and engine.exited_first:
         raise click.ClickException(f"the engine exited (code {engine.exit_code()}); the sidecar stopped with it")
+
+
+def _say_listening(url: str, stops: str, as_json: bool) -> None:
+    """Said once the socket is bound (aiohttp's print hook runs after its sites started)."""
+    text = f"listening: point an OpenAI client at {url}/v1, Anthropic's at {url} (Ctrl+C stops {stops})"
+    if as_json:
+        import logging
+
+        logging.getLogger("sidecar").info("%s", text)
+    else:
+        click.echo(f"\nsidecar {text}\n", err=True)
 
 
 FULL_GC_AFTER_GEN1_PASSES = 100  # CPython's default is 10

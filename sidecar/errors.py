@@ -58,10 +58,16 @@ def engine_timeout(message: str) -> APIError:
     return APIError(504, message, type="timeout", code="engine_timeout")
 
 
+MODEL_NAME_SHOWN = 80  # characters of an unknown model name an error repeats
+
+
 def model_not_found(model: str) -> APIError:
-    """OpenAI's answer to a ``model`` it does not serve."""
+    """OpenAI's answer to a ``model`` it does not serve (the name shown escaped and cut short: it is
+    the client's text, a NUL or a megabyte of it included)."""
+    shown = model if len(model) <= MODEL_NAME_SHOWN else model[:MODEL_NAME_SHOWN] + "..."
+    shown = shown.encode("unicode_escape").decode("ascii") if not shown.isprintable() else shown
     return APIError(
-        404, f"The model `{model}` does not exist or you do not have access to it.", param="model", code="model_not_found"
+        404, f"The model `{shown}` does not exist or you do not have access to it.", param="model", code="model_not_found"
     )
 
 

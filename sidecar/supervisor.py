@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -79,10 +80,14 @@ def _stop_with_parent() -> Callable[[], None] | None:
 class EngineProcess:
     """One engine command line, run as the leader of its own process group."""
 
-    def __init__(self, argv: list[str], url: str, log_path: str | None = None):
+    def __init__(self, argv: list[str], url: str, log_path: str | None = None, relay_lines: bool = False):
+        """``relay_lines``: without ``log_path``, the engine's output is read line by line and logged
+        (logger ``sidecar.engine``) rather than left on the terminal, so --log-format json keeps
+        stderr one JSON object a line."""
         if not argv:
             raise ValueError("an engine command is needed")
         self.argv, self.url, self.log_path = list(argv), url, log_path
+        self.relay_lines = relay_lines and log_path is None
         self.proc: subprocess.Popen | None = None
         self.exited_first = False  # it exited on its own while the sidecar served
 
@@ -96,6 +101,8 @@ class EngineProcess:
                 f"something already answers at {self.url}: an engine left running? Stop it, or start this one on another port"
             )
         out = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115 - the child holds it
+        if self.relay_lines:
+            out = subprocess.PIPE
         try:
             self.proc = subprocess.Popen(
                 self.argv,
@@ -108,8 +115,10 @@ class EngineProcess:
         except OSError as exc:
             raise EngineFailed(f"cannot start the engine ({self.argv[0]}): {exc}") from None
         finally:
-            if out is not None:
+            if out is not None and out is not subprocess.PIPE:
                 out.close()
+        if self.relay_lines:
+            threading.Thread(target=_relay, args=(self.proc.stdout,), name="engine-output", daemon=True).start()
         log.info("started the engine, pid %d (process group %d): %s", self.proc.pid, self.proc.pid, " ".join(self.argv))
 
     def exit_code(self) -> int | None:
@@ -156,6 +165,16 @@ class EngineProcess:
         code = proc.wait()
         log.info("the engine stopped (exit code %d)", code)
         return code
+
+
+def _relay(stream) -> None:
+    """Each line the engine writes, logged (until it closes its output)."""
+    engine_log = logging.getLogger("sidecar.engine")
+    for raw in iter(stream.readline, b""):
+        line = raw.decode("utf-8", "replace").rstrip()
+        if line:
+            engine_log.info("%s", line)
+    stream.close()
 
 
 def _signal_group(pgid: int, sig: int) -> None:

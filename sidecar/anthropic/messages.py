@@ -45,6 +45,7 @@ def turn_request(req: CountTokensRequest, session_id: str | None, scope: str) ->
 async def handle(request: web.Request, body: Any, core: TurnCore, scope: str) -> web.StreamResponse:
     """POST /v1/messages with its body already read and parsed (strict JSON)."""
     req = parse_messages_request(body, core.settings)
+    await core.check_model(req.model)
     parsed: list[Any] = [req, turn_request(req, request.headers.get("X-Session-Id"), scope)]
     stream = req.stream
     del req
@@ -65,4 +66,5 @@ async def full_reply(turn: Turn, model: str) -> web.Response:
 async def count_tokens(request: web.Request, body: Any, core: TurnCore, scope: str) -> web.Response:
     """POST /v1/messages/count_tokens: the prompt's tokens rendered whole, as a new session sends it."""
     req = parse_count_tokens_request(body, core.settings)
+    await core.check_model(req.model)
     return web.json_response({"input_tokens": await core.count_tokens(turn_request(req, None, scope))})

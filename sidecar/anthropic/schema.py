@@ -1,6 +1,7 @@
 """The Messages API request as we accept it (pydantic), and its conversion to canonical messages.
 
-Content blocks are strict: a user turn holds ``text`` and ``tool_result`` blocks, an assistant turn
+``messages`` may hold ``system`` turns besides ``user`` and ``assistant`` ones (Claude Code sends
+its agent listing so); each is a system message where it stands. Content blocks are strict: a user turn holds ``text`` and ``tool_result`` blocks, an assistant turn
 ``text`` and ``tool_use`` blocks, anything else (images, documents, thinking) is a 400 that names
 it, as is a ``tool_result`` that answers no ``tool_use`` of the assistant turn before it. Harmless
 client extras (``cache_control``, ``citations``, ``metadata``, ``thinking``, beta fields) are
@@ -62,7 +63,23 @@ class AssistantMessage(BaseModel):
     content: str | Annotated[list[AssistantBlock], BeforeValidator(known_types(["text", "tool_use"], "content block"))]
 
 
-Message = Annotated[Union[UserMessage, AssistantMessage], Field(discriminator="role")]
+class SystemMessage(BaseModel):
+    """A system turn inside ``messages`` (Claude Code's beta ``mid-conversation-system``): rendered
+    where it stands, as the chat template renders a system message that is not the first."""
+
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system"]
+    content: str | Annotated[list[TextBlock], _TEXT_ONLY]
+
+
+def _known_role(value: Any) -> Any:
+    if isinstance(value, dict) and isinstance(value.get("role"), str) and value["role"] not in ("user", "assistant", "system"):
+        # worded as Anthropic words it, which is what clients match to fall back
+        raise ValueError(f"Unexpected role {value['role']!r}: the input message role must be 'user', 'assistant' or 'system'")
+    return value
+
+
+Message = Annotated[Union[UserMessage, AssistantMessage, SystemMessage], Field(discriminator="role"), BeforeValidator(_known_role)]
 
 
 class ToolDef(BaseModel):
@@ -147,14 +164,14 @@ def _text(content: str | list[TextBlock]) -> str:
     return content if isinstance(content, str) else "".join(b.text for b in content)
 
 
-def _turns(messages: list[UserMessage | AssistantMessage]) -> list[tuple[str, list[tuple[str, Any]]]]:
+def _turns(messages: list[UserMessage | AssistantMessage | SystemMessage]) -> list[tuple[str, list[tuple[str, Any]]]]:
     """(role, [(where, block)]) of each turn, consecutive same-role messages merged; ``where`` is
     the block's place in the request (``messages.3.content.1``), for errors."""
     turns: list[tuple[str, list[tuple[str, Any]]]] = []
     for i, m in enumerate(messages):
         blocks = [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) else m.content
         located = [(f"messages.{i}.content.{n}", b) for n, b in enumerate(blocks)]
-        if turns and turns[-1][0] == m.role:
+        if turns and turns[-1][0] == m.role and m.role != "system":
             turns[-1][1].extend(located)
         else:
             turns.append((m.role, located))
@@ -162,6 +179,10 @@ def _turns(messages: list[UserMessage | AssistantMessage]) -> list[tuple[str, li
 
 
 def _turn_messages(role: str, blocks: list[tuple[str, Any]], ledger: ToolCallLedger) -> list[dict[str, Any]]:
+    if role == "system":
+        message = {"role": "system", "content": "".join(b.text for _, b in blocks)}
+        ledger.called(message)
+        return [message]
     if role == "assistant":
         text = "".join(b.text for _, b in blocks if isinstance(b, TextBlock))
         calls = [tool_call(b.id, b.name, b.input) for _, b in blocks if isinstance(b, ToolUseBlock)]

@@ -79,9 +79,10 @@ def message(mid: str, model: str, content: list[dict[str, Any]], result: Generat
 
 
 class MessageStream:
-    """The SSE events of one streamed message. ``message_start`` carries the usage known when the
-    first event is ready (SGLang reports its cached tokens with the first chunk); ``message_delta``
-    carries the final usage, cumulative, as Anthropic sends it."""
+    """The SSE events of one streamed message. ``message_start`` carries the prompt's usage known
+    when the first event is ready (SGLang reports its cached tokens with the first chunk) and
+    ``output_tokens: 1``, as Anthropic starts a stream; ``message_delta`` carries the final usage,
+    cumulative, as Anthropic sends it."""
 
     def __init__(self, turn: Turn, model: str):
         self.turn = turn
@@ -91,6 +92,7 @@ class MessageStream:
 
     def opening(self) -> bytes:
         head = message(self.mid, self.model, [], self.turn.result, final=False)
+        head["usage"]["output_tokens"] = 1  # as Anthropic starts a stream: the count so far, final in message_delta
         return event_frame("message_start", {"type": "message_start", "message": head})
 
     def event(self, event: Event) -> bytes:

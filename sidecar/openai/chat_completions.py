@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from sidecar.engine.generate import Sampling
-from sidecar.errors import APIError, model_not_found
+from sidecar.errors import APIError
 from sidecar.frontdoor.stream import serve_turn
 from sidecar.generation.tool_parsers import Event
 from sidecar.openai import shapes
@@ -54,8 +54,7 @@ def turn_request(req: ChatCompletionRequest, session_id: str | None, scope: str)
 async def handle(request: web.Request, body: Any, core: TurnCore, scope: str) -> web.StreamResponse:
     """POST /v1/chat/completions with its body already read and parsed (strict JSON)."""
     req = parse_chat_request(body, core.settings)
-    if not core.serves_model(req.model):
-        raise model_not_found(req.model)
+    await core.check_model(req.model)
     # an explicit session id: header X-Session-Id, else body session_id, else user ("" is none)
     session_id = request.headers.get("X-Session-Id") or req.session_id or req.user
     stream = req.stream

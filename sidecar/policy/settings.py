@@ -98,8 +98,8 @@ class AdmissionSettings(BaseModel):
     headroom: float = Field(
         0.9,
         gt=0,
-        le=2.0,
-        description="Admit a new session while resident sessions' projected tokens stay under this fraction of max_total_num_tokens.",
+        le=1.0,  # a fraction: more than the whole pool would admit sessions that cannot fit
+        description="Admit a new session while resident sessions' projected tokens stay under this fraction of max_total_num_tokens (0 < headroom <= 1).",
     )
     expected_growth_tokens: int = Field(
         1500, ge=0, description="Tokens a session is expected to add per turn before any is observed."

@@ -39,7 +39,7 @@ def echo(req: ResponsesRequest) -> dict[str, Any]:
     return {
         "instructions": req.instructions,
         "metadata": req.metadata or {},
-        "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
+        "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],  # hosted tools left out
         "tool_choice": choice.model_dump() if isinstance(choice, NamedFunction) else (choice or "auto"),
         "parallel_tool_calls": req.parallel_tool_calls if req.parallel_tool_calls is not None else True,
         "temperature": req.temperature,
@@ -55,7 +55,8 @@ def echo(req: ResponsesRequest) -> dict[str, Any]:
 async def handle(request: web.Request, body: Any, core: TurnCore, scope: str) -> web.StreamResponse:
     """POST /v1/responses with its body already read and parsed (strict JSON)."""
     req = parse_responses_request(body, core.settings)
-    head = shapes.ResponseHead(core.model_name, echo(req))
+    await core.check_model(req.model)
+    head = shapes.ResponseHead(core.model_name, echo(req), req.namespaces())
     parsed: list[Any] = [req, turn_request(req, request.headers.get("X-Session-Id"), scope)]
     stream = req.stream
     del req
@@ -66,6 +67,11 @@ async def full_reply(turn: Turn, head: shapes.ResponseHead) -> web.Response:
     blocks = ReplyBlocks()
     async for event in turn.events():
         blocks.feed(event)
-    output = [shapes.output_item(b, shapes.new_id("msg" if b.call is None else "fc")) for b in blocks.blocks]
     result = turn.result
-    return web.json_response(head.response(shapes.final_status(result), output, result))
+    status = shapes.final_status(result)
+    statuses = shapes.item_statuses(blocks.blocks, status)
+    output = [
+        shapes.output_item(b, shapes.new_id("msg" if b.call is None else "fc"), st, head.namespaces)
+        for b, st in zip(blocks.blocks, statuses)
+    ]
+    return web.json_response(head.response(status, output, result))

@@ -3,19 +3,35 @@
 Stateless use only: the agent sends the whole conversation as ``input`` each turn, and its
 sessions are recognised from that history as on every door. Stored responses (``store: true``,
 ``previous_response_id``, ``conversation``, ``background``) are refused with a 400 that says so.
-Input items are ``message`` (text parts), ``function_call`` and ``function_call_output``; any other
-item, content part or tool type is a 400 that names it. Harmless extras (``reasoning``,
-``include``, ``prompt_cache_key``, ``user``, ``truncation``) are ignored.
+Input items are ``message`` (text parts; ``developer`` and ``system`` messages are system turns),
+``function_call`` and ``function_call_output``; any other item or content part is a 400 that names it.
+Tools: ``function`` tools, and ``namespace`` tools (a named group of functions, as Codex sends its
+sub-agent tools), flattened into their functions: the model sees each function by its own name and
+a call comes back with its ``namespace``, as OpenAI answers. Hosted tools, which run on OpenAI's side
+(``web_search``, ``file_search``, ...), are dropped with a logged note (Codex sends ``web_search``
+by default); client tools of other kinds (``custom``, ``local_shell``) are a 400. Harmless extras
+(``reasoning``, ``include``, ``prompt_cache_key``, ``client_metadata``, ``user``, ``truncation``,
+``service_tier``) are ignored.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from sidecar.frontdoor.body import TOOL_NAME_PATTERN, check_counts, known_types, parse_body
 from sidecar.frontdoor.messages import ToolCallLedger, function_tool, tool_call, tool_message
+
+log = logging.getLogger("sidecar.responses")
+
+# Tools OpenAI runs itself: no model behind the sidecar can call them, so they are left out
+HOSTED_TOOLS = frozenset({
+    "web_search", "web_search_preview", "web_search_preview_2025_03_11", "file_search", "code_interpreter",
+    "image_generation", "computer_use_preview", "computer_use", "mcp", "tool_search",
+})
+_noted_hosted: set[str] = set()  # hosted tool types already logged (once per process each)
 
 
 class TextPart(BaseModel):
@@ -81,6 +97,38 @@ class FunctionTool(BaseModel):
     strict: bool | None = None
 
 
+class NamespaceTool(BaseModel):
+    """A named group of function tools; its functions are offered to the model by their own names."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["namespace"]
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
+    description: str | None = None
+    tools: Annotated[list[FunctionTool], BeforeValidator(known_types(["function"], "namespace tool"))]
+
+
+def _drop_hosted_tools(tools: Any) -> Any:
+    """Hosted tools out (each type noted in the log once), then only function and namespace tools."""
+    if not isinstance(tools, list):
+        return tools
+    kept = []
+    for i, tool in enumerate(tools):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if isinstance(kind, str) and kind in HOSTED_TOOLS:
+            if kind not in _noted_hosted:
+                _noted_hosted.add(kind)
+                log.info("tools[%d]: the hosted tool %r is left out (OpenAI runs it; the served model cannot)", i, kind)
+            continue
+        kept.append(tool)
+    return known_types(["function", "namespace"], "tool")(kept)
+
+
+ToolEntry = Annotated[
+    Union[Annotated[FunctionTool, Tag("function")], Annotated[NamespaceTool, Tag("namespace")]],
+    Discriminator(lambda t: t.get("type") if isinstance(t, dict) else getattr(t, "type", None)),
+]
+
+
 class NamedFunction(BaseModel):
     type: Literal["function"]
     name: str = Field(pattern=TOOL_NAME_PATTERN)
@@ -102,7 +150,7 @@ class ResponsesRequest(BaseModel):
     model: str | None = None
     input: str | Annotated[list[InputItem], BeforeValidator(known_types(_ITEM_TYPES, "input item", default="message"))]
     instructions: str | None = None
-    tools: Annotated[list[FunctionTool], BeforeValidator(known_types(["function"], "tool"))] | None = None
+    tools: Annotated[list[ToolEntry], BeforeValidator(_drop_hosted_tools)] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -143,10 +191,19 @@ class ResponsesRequest(BaseModel):
             raise ValueError("logprobs are not supported by the sidecar")
         return value
 
+    @field_validator("tools")
+    @classmethod
+    def _unique_function_names(cls, tools: list | None) -> list | None:
+        names = [f.name for f, _ in _flat(tools)]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise ValueError(f"two tools are named {dup!r} (a namespace's functions are offered by their own names)")
+        return tools
+
     @field_validator("tool_choice")
     @classmethod
     def _choice_needs_tools(cls, choice, info):
-        tools = info.data.get("tools") or []
+        tools = [f for f, _ in _flat(info.data.get("tools"))]
         if (isinstance(choice, NamedFunction) or choice == "required") and not tools:
             raise ValueError("tool_choice requires tools")
         if isinstance(choice, NamedFunction) and choice.name not in {t.name for t in tools}:
@@ -185,7 +242,23 @@ class ResponsesRequest(BaseModel):
         return out
 
     def template_tools(self) -> list[dict[str, Any]] | None:
-        return [function_tool(t.name, t.description, t.parameters) for t in self.tools] if self.tools else None
+        flat = _flat(self.tools)
+        return [function_tool(t.name, t.description, t.parameters) for t, _ in flat] if flat else None
+
+    def namespaces(self) -> dict[str, str]:
+        """Each namespaced function's namespace, by the function's name (what a call carries back)."""
+        return {t.name: ns for t, ns in _flat(self.tools) if ns is not None}
+
+
+def _flat(tools: list | None) -> list[tuple[FunctionTool, str | None]]:
+    """Every function tool with its namespace (None at the top level), in the order given."""
+    out: list[tuple[FunctionTool, str | None]] = []
+    for tool in tools or ():
+        if isinstance(tool, NamespaceTool):
+            out += [(t, tool.name) for t in tool.tools]
+        else:
+            out.append((tool, None))
+    return out
 
 
 def parse_responses_request(body: Any, limits) -> ResponsesRequest:

@@ -38,22 +38,38 @@ def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def output_item(block: Block, item_id: str, status: str = "completed") -> dict[str, Any]:
-    """A block as an output item; ``in_progress``: as ``output_item.added`` announces it (empty)."""
+def output_item(block: Block, item_id: str, status: str = "completed", namespaces: dict[str, str] | None = None) -> dict[str, Any]:
+    """A block as an output item; ``in_progress``: as ``output_item.added`` announces it (empty);
+    ``incomplete``: the item ``max_output_tokens`` cut. A call of a namespaced function names its
+    namespace, as OpenAI answers it."""
     done = status != "in_progress"
     if block.call is None:
         content = [_text_part(block.text)] if done else []
         return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
     arguments = block.text if done else ""
-    return {"id": item_id, "type": "function_call", "status": status, "call_id": block.call.id, "name": block.call.name, "arguments": arguments}
+    item = {"id": item_id, "type": "function_call", "status": status, "call_id": block.call.id, "name": block.call.name, "arguments": arguments}
+    namespace = (namespaces or {}).get(block.call.name)
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
+
+
+def item_statuses(blocks: list[Block], status: str) -> list[str]:
+    """Each output item's status in a response of ``status``: in an incomplete one the last item is
+    the one that was cut, the items before it were done."""
+    out = ["completed"] * len(blocks)
+    if out and status == "incomplete":
+        out[-1] = "incomplete"
+    return out
 
 
 class ResponseHead:
     """What every rendering of one response repeats: its id, creation time, model and the request
     fields a response echoes (instructions, tools, tool_choice, sampling, metadata)."""
 
-    def __init__(self, model: str, echo: dict[str, Any]):
+    def __init__(self, model: str, echo: dict[str, Any], namespaces: dict[str, str] | None = None):
         self.id = new_id("resp")
+        self.namespaces = namespaces or {}  # namespaced functions' namespaces, by function name
         self.created_at = int(time.time())
         self.model = model
         self.echo = echo
@@ -87,6 +103,7 @@ class ResponseStream:
         self.blocks = ReplyBlocks()
         self.item_ids: list[str] = []
         self.sequence = 0
+        self.cut = False  # the reply ended at max_output_tokens (known at closing)
 
     def _emit(self, kind: str, **fields: Any) -> bytes:
         frame = event_frame(kind, {"type": kind, **fields, "sequence_number": self.sequence})
@@ -102,9 +119,11 @@ class ResponseStream:
 
     def closing(self) -> bytes:
         result = self.turn.result
-        tail = b"".join(self._frames(e) for e in self.blocks.finish())
-        output = [output_item(b, i) for b, i in zip(self.blocks.blocks, self.item_ids)]
         status = final_status(result)
+        self.cut = status == "incomplete"
+        tail = b"".join(self._frames(e) for e in self.blocks.finish())
+        statuses = item_statuses(self.blocks.blocks, status)
+        output = [output_item(b, i, st, self.head.namespaces) for b, i, st in zip(self.blocks.blocks, self.item_ids, statuses)]
         return tail + self._emit(f"response.{status}", response=self.head.response(status, output, result))
 
     def failure(self, err: APIError) -> bytes:
@@ -117,7 +136,7 @@ class ResponseStream:
         if isinstance(event, BlockStart):
             self.item_ids.append(new_id("msg" if block.call is None else "fc"))
             item_id = self.item_ids[-1]
-            frames = self._emit("response.output_item.added", **where, item=output_item(block, item_id, "in_progress"))
+            frames = self._emit("response.output_item.added", **where, item=output_item(block, item_id, "in_progress", self.head.namespaces))
             if block.call is None:
                 frames += self._emit("response.content_part.added", item_id=item_id, **where, content_index=0, part=_text_part(""))
             return frames
@@ -133,4 +152,6 @@ class ResponseStream:
             frames = self._emit(
                 "response.function_call_arguments.done", item_id=item_id, **where, name=block.call.name, arguments=block.text
             )
-        return frames + self._emit("response.output_item.done", **where, item=output_item(block, item_id))
+        last = self.cut and block.index == len(self.blocks.blocks) - 1  # the block max_output_tokens cut
+        item = output_item(block, item_id, "incomplete" if last else "completed", self.head.namespaces)
+        return frames + self._emit("response.output_item.done", **where, item=item)

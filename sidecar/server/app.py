@@ -131,6 +131,7 @@ def create_app(settings: SidecarSettings, tokenizer=None) -> web.Application:
     app.router.add_post("/v1/messages/count_tokens", routes.count_tokens)
     app.router.add_post("/v1/responses", routes.responses)
     app.router.add_get("/v1/models", routes.models)
+    app.router.add_get("/", routes.root)  # and HEAD /: the clients' connectivity probe
     app.router.add_get("/health", routes.health)
     app.router.add_get("/metrics", routes.metrics)
     app.router.add_get("/v1/sessions", routes.sessions)

@@ -1,7 +1,7 @@
 """Optional bearer-token auth, and the session scope each API key gets.
 
 With ``--api-key`` and/or ``--api-keys-file`` set, every route needs ``Authorization: Bearer KEY``
-(or ``x-api-key: KEY``, as Anthropic's clients send it) except ``/health`` (probes), ``/metrics``
+(or ``x-api-key: KEY``, as Anthropic's clients send it) except ``/health`` and ``/`` (probes), ``/metrics``
 (unless ``--protect-metrics``) and ``GET /v1/sessions`` (only when ``--no-protect-sessions``). A
 wrong or missing key is a 401 in the route's error envelope.
 
@@ -154,7 +154,7 @@ def unauthorized(message: str) -> APIError:
 def _open_route(request: web.Request, server_settings) -> bool:
     """Routes that answer without a key even when auth is on."""
     path = request.path
-    if path == "/health":
+    if path in ("/health", "/"):  # probes; "/" only names the doors
         return True
     if path == "/metrics":
         return not server_settings.protect_metrics

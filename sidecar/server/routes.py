@@ -46,8 +46,18 @@ async def responses(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
-    name = request.app[keys.TURNS].model_name
+    """The served model; 503 while no engine has named it (a client would otherwise pick a
+    placeholder name and get 404s once the engine is up)."""
+    name = await request.app[keys.TURNS].require_model_name()
     return web.json_response({"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "sglang"}]})
+
+
+ROOT_TEXT = "sglang-sidecar: /v1/chat/completions, /v1/messages, /v1/responses\n"
+
+
+async def root(request: web.Request) -> web.Response:
+    """``GET``/``HEAD /``: clients probe it to see the base URL answers (Claude Code sends a HEAD)."""
+    return web.Response(text=ROOT_TEXT)
 
 
 async def health(request: web.Request) -> web.Response:

@@ -21,7 +21,7 @@ from sidecar.engine.generate import generate_request, sampling_params
 from sidecar.engine.lease import LeaseRequest
 from sidecar.engine.capacity import EngineCapacity
 from sidecar.engine.worker import Worker, WorkerRoute, Workers
-from sidecar.errors import APIError, invalid_request
+from sidecar.errors import APIError, invalid_request, model_not_found
 from sidecar.generation.relay import Generation, GenerationResult
 from sidecar.generation.tool_parsers import Event, get_tool_parser
 from sidecar.id_text import IdText
@@ -59,6 +59,7 @@ class TurnCore:
         self.shared_prefix = _read_shared_prefix(settings.shared_prefix_file)
         self.rate_limits = RateLimits(settings.key_rate_limit, settings.key_rate_burst)
         self._model_fixed = settings.model_name is not None  # --model-name wins over SGLang's
+        self.model_known = self._model_fixed or model_name != UNKNOWN_MODEL  # named by --model-name or SGLang
         self._refreshing: asyncio.Task | None = None
         self._info_errors: dict[Worker, APIError] = {}  # why a worker's last /server_info failed
         for worker in workers:
@@ -78,6 +79,32 @@ class TurnCore:
     def serves_model(self, model: str | None) -> bool:
         """Whether a request's ``model`` names the served model (no name: the served one)."""
         return model is None or model == self.model_name or self.settings.accept_any_model
+
+    async def check_model(self, model: str | None) -> None:
+        """The one model-name rule of every door: ``model`` is the served id (as /v1/models lists
+        it), or absent, or anything with --accept-any-model; else 404 ``model_not_found``. While no
+        engine has named its model yet, the engine is asked again, then 503 (retry): a correctly
+        configured client is not told its model does not exist because SGLang started late."""
+        await self.require_model_name()
+        if not self.serves_model(model):
+            raise model_not_found(model or "")
+
+    async def require_model_name(self) -> str:
+        """The served model id; asks the workers again while none has named it, else 503."""
+        if not self.model_known:
+            await self.refresh_engine_info()
+        if not self.model_known:
+            refused = [e for e in self._info_errors.values() if e.status != 503]
+            if refused:  # SGLang answered, with an error of its own (e.g. its API key): that error
+                raise refused[0]
+            raise APIError(
+                503,
+                "SGLang has not told which model it serves yet (is it up?)",
+                type="engine_unavailable",
+                code="engine_info_unknown",
+                headers={"Retry-After": "2"},
+            )
+        return self.model_name
 
     def turn(self, request: TurnRequest) -> Turn:
         return Turn(self, request)
@@ -175,8 +202,9 @@ class TurnCore:
     def engine_info(self, worker: Worker, info: dict) -> None:
         """What ``worker``'s /server_info says, taken into account."""
         capacity = EngineCapacity.from_server_info(info)
-        if not self._model_fixed:
-            self.model_name = engine_model_name(info, self.model_name)
+        if not self._model_fixed and engine_model_name(info, "") != "":
+            self.model_name = engine_model_name(info)
+            self.model_known = True
         if capacity == worker.capacity:
             return
         worker.capacity = capacity
@@ -200,7 +228,10 @@ class TurnCore:
         self.metrics.engine_info_known.set(1 if capacity.known else 0)
 
 
-def engine_model_name(info: dict, default: str = "default") -> str:
+UNKNOWN_MODEL = "default"  # what the doors call the model until an engine names it
+
+
+def engine_model_name(info: dict, default: str = UNKNOWN_MODEL) -> str:
     """The model id SGLang serves, as its /server_info names it."""
     return info.get("served_model_name") or info.get("model_path") or default
 

@@ -165,6 +165,10 @@ def _command_line(ctx: click.Context) -> str:
 @click.option("--time-scale", type=float, default=1.0, help="--serve: virtual seconds per wall-clock second.")
 @click.option("--model-name", default="simulated-qwen3-8b", help="--serve: served_model_name.")
 @click.option("--tokenizer-path", default=None, help="--serve: tokenizer_path reported by /server_info.")
+@click.option("--replies", type=click.Choice(["random", "agent"]), default="random", show_default=True,
+              help="--serve: what the model says: random tokens to max_tokens (load tests), or agent: a "
+                   "scripted agent's model (a tool call to an offered tool, then a short answer, each ending "
+                   "with EOS; needs --tokenizer-path). Timing is the cost model's either way.")
 @click.option("--log-level", default="warning")
 @click.pass_context
 def simulate(ctx: click.Context, **kw: Any) -> None:
@@ -229,9 +233,23 @@ def _serve(kw: dict[str, Any], policy_config: dict[str, Any] | None) -> None:
         engine = _engine(kw, policy_config)
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"simulated SGLang ({_describe(engine)}) on http://{kw['host']}:{kw['port']}", err=True)
+    responder = _responder(kw)
+    click.echo(f"simulated SGLang ({_describe(engine)}, {kw['replies']} replies) on http://{kw['host']}:{kw['port']}", err=True)
     serve(engine, kw["host"], kw["port"], time_scale=kw["time_scale"], model_name=kw["model_name"],
-          tokenizer_path=kw["tokenizer_path"])
+          tokenizer_path=kw["tokenizer_path"], responder=responder)
+
+
+def _responder(kw: dict[str, Any]):
+    """The model of --serve: None (random tokens) or the scripted agent on --tokenizer-path's tokenizer."""
+    if kw["replies"] != "agent":
+        return None
+    if not kw["tokenizer_path"]:
+        raise click.UsageError("--replies agent needs --tokenizer-path (it reads the prompt and writes its reply)")
+    from transformers import AutoTokenizer
+
+    from sidecar_tools.simulator.replies import agent_responder
+
+    return agent_responder(AutoTokenizer.from_pretrained(kw["tokenizer_path"]))
 
 
 def _replay(ctx: click.Context, kw: dict[str, Any], policy_config: dict[str, Any] | None,

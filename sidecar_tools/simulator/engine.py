@@ -808,10 +808,25 @@ class SimEngine:
             lines.append(f'sglang:cached_tokens_total{{{label},cache_source="{source}"}} {float(value)}')
         for name, value in self.gauges().items():
             lines += [f"# TYPE {name} gauge", f"{name}{{{label}}} {float(value)}"]
+        lines += self._lease_metric_lines(label)
         text = "\n".join(lines) + "\n"
         if self.host_metrics is not None:
             text += self._host_metrics_text()
         return text
+
+    def _lease_metric_lines(self, label: str) -> list[str]:
+        """The plugin's lease series under the names the real plugin exports (``sglang_ext:session_*``,
+        ``sglang_ext.metrics.METRIC_SPECS``), so dashboards read the demo as they read SGLang."""
+        if self.mgr is None:
+            return []
+        from sglang_ext.metrics import METRIC_SPECS
+
+        series: dict[str, list[str]] = {}
+        for (key, extra), value in sorted(self.mgr.metrics._values.items()):
+            kind, name, _, _ = METRIC_SPECS[key]
+            labels = label + "".join(f',{k}="{v}"' for k, v in extra)
+            series.setdefault(f"# TYPE {name} {kind}", []).append(f"{name}{{{labels}}} {float(value)}")
+        return [line for head, rows in series.items() for line in (head, *rows)]
 
     def _host_metrics_text(self) -> str:
         """SGLang's radix-cache series (its evicted tokens replace the engine's line), less the

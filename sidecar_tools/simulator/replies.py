@@ -10,6 +10,7 @@ and is kept in ``output_ids``, ``ignore_eos`` disables both, ``max_new_tokens`` 
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -66,3 +67,92 @@ def plan_reply(raw: list[int], sampling_params: dict[str, Any], max_new_tokens: 
         if token in stop_ids:
             return planned, {"type": "stop", "matched": int(token)}
     return planned, {"type": "length", "length": len(planned)}
+
+
+# ---------------------------------------------------------------- the demo's agent model
+AGENT_ANSWER = "Done."  # how every final answer of the agent responder begins
+_SHELL_TOOLS = ("bash", "exec_command", "shell", "shell_command", "local_shell", "run_command", "run_shell_command", "terminal")
+_QUOTED_CHARS = 60  # of a tool result's last line, quoted in the final answer
+
+
+def agent_responder(tokenizer, eos_id: int = IM_END_ID) -> Responder:
+    """A deterministic stand-in for an agent's model (the demo's), reading the prompt as Qwen3's
+    chat template renders it: to a user's turn it answers with one well-formed ``<tool_call>`` to a
+    tool the request offers (a shell tool with ``ls`` where there is one), to a tool result with a
+    short final answer, and without tools with the final answer at once; every reply ends with EOS.
+    A forced tool call (the prompt ends inside ``<tool_call>``) is completed. Replies are a few
+    dozen tokens, so a whole tool loop takes seconds at the cost model's speed."""
+
+    def responder(input_ids: list[int], sampling_params: dict[str, Any]) -> list[int]:
+        text = agent_reply(tokenizer.decode(input_ids))
+        return list(tokenizer.encode(text, add_special_tokens=False)) + [eos_id]
+
+    return responder
+
+
+def agent_reply(prompt: str) -> str:
+    """The text the agent responder says after ``prompt`` (a rendered chat, generation prompt last)."""
+    tools = _offered_tools(prompt)
+    head, _, opened = prompt.rpartition("<|im_start|>assistant\n")
+    if "<tool_call>" in opened:  # the sidecar prefilled a forced call: '{"name": "X", "arguments": '
+        name = opened.split('"name": "', 1)[-1].split('"', 1)[0]
+        tool = next((t for t in tools if t.get("name") == name), {"name": name})
+        return json.dumps(_arguments(tool)) + "}\n</tool_call>"
+    turns = [t for t in head.split("<|im_start|>")[1:] if not t.startswith("system")]
+    last_turn = turns[-1] if turns else ""  # system turns after it (Claude Code sends some) aside
+    if "<tool_response>" in last_turn:
+        result = last_turn.split("<tool_response>", 1)[1].split("</tool_response>", 1)[0].strip()
+        lines = [line for line in result.splitlines() if line.strip()]
+        last = lines[-1] if lines else ""  # a shell tool's output ends with what the command printed
+        quoted = "".join(c for c in last[:_QUOTED_CHARS] if c not in "<>|")
+        return f"{AGENT_ANSWER} The tool said: {quoted}" if quoted else f"{AGENT_ANSWER} The tool said nothing."
+    if not tools or not last_turn.startswith("user"):
+        return f"{AGENT_ANSWER} Nothing to run."
+    tool = _pick_tool(tools)
+    call = {"name": tool["name"], "arguments": _arguments(tool)}
+    return f"Let me look.\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
+
+
+def _offered_tools(prompt: str) -> list[dict[str, Any]]:
+    """The function definitions between ``<tools>`` and ``</tools>`` (one JSON object a line)."""
+    if "<tools>\n" not in prompt:  # the template first names the tags in a sentence: "within <tools></tools>"
+        return []
+    block = prompt.split("<tools>\n", 1)[1].split("</tools>", 1)[0]
+    tools = []
+    for line in block.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        function = entry.get("function", entry) if isinstance(entry, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            tools.append(function)
+    return tools
+
+
+def _pick_tool(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    for tool in tools:
+        if tool["name"].lower() in _SHELL_TOOLS:
+            return tool
+    return tools[0]
+
+
+def _arguments(tool: dict[str, Any]) -> dict[str, Any]:
+    """A value for each required parameter, by its name and type (a shell command is ``ls``)."""
+    schema = tool.get("parameters") or {}
+    props = schema.get("properties") or {}
+    return {name: _value(name, props.get(name) or {}) for name in schema.get("required") or []}
+
+
+def _value(name: str, prop: dict[str, Any]) -> Any:
+    kind = prop.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), None)
+    if prop.get("enum"):
+        return prop["enum"][0]
+    if name in ("command", "cmd"):
+        return ["ls"] if kind == "array" else "ls"
+    defaults = {"integer": 1, "number": 1, "boolean": False, "array": [], "object": {}}
+    if kind in defaults:
+        return defaults[kind]
+    return {"pattern": "*", "path": ".", "file_path": ".", "description": "list the files"}.get(name, "demo")

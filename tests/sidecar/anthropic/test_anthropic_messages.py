@@ -14,6 +14,7 @@ from tool_agent import ANSWER, READ_FILE, file_contents, ids, read_file_responde
 
 TOOLS = [{"name": READ_FILE["name"], "description": READ_FILE["description"], "input_schema": READ_FILE["parameters"]}]
 SYSTEM = "You are a careful coding agent."
+MODEL = "Qwen/Qwen3-8B"  # the stand-in's served model (/v1/models): every door holds requests to it
 
 
 @pytest.fixture
@@ -29,7 +30,7 @@ def test_plain_message_with_usage_and_sampling(agent, qwen3_tokenizer):
     # anthropic 2.x no longer names the sampling fields; clients that send them (Claude Code sends
     # temperature) still get them honoured
     msg = client.messages.create(
-        model="any", system=SYSTEM, max_tokens=20, messages=[{"role": "user", "content": "hi"}],
+        model=MODEL, system=SYSTEM, max_tokens=20, messages=[{"role": "user", "content": "hi"}],
         extra_body={"temperature": 0.5, "top_p": 0.9, "top_k": 40},
     )
     assert msg.type == "message" and msg.role == "assistant" and msg.id.startswith("msg_")
@@ -48,7 +49,7 @@ def test_stream_is_anthropics_event_sequence(agent, qwen3_tokenizer):
     client, double, _ = agent
     double.responder = read_file_responder(qwen3_tokenizer)
     events = list(client.messages.create(
-        model="any", max_tokens=100, tools=TOOLS, stream=True, messages=[{"role": "user", "content": "Find the bug."}]
+        model=MODEL, max_tokens=100, tools=TOOLS, stream=True, messages=[{"role": "user", "content": "Find the bug."}]
     ))
     kinds = [e.type for e in events]
     assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
@@ -78,7 +79,7 @@ def test_tool_use_round_trips_are_one_session_whose_cache_grows(agent, qwen3_tok
     messages = [{"role": "user", "content": "Find the bug."}]
     usages = []
     for turn in range(4):
-        args = dict(model="any", system=SYSTEM, max_tokens=200, tools=TOOLS, messages=messages)
+        args = dict(model=MODEL, system=SYSTEM, max_tokens=200, tools=TOOLS, messages=messages)
         if turn % 2:
             with client.messages.stream(**args) as stream:
                 reply = stream.get_final_message()
@@ -108,10 +109,10 @@ def test_tool_use_round_trips_are_one_session_whose_cache_grows(agent, qwen3_tok
 def test_stop_sequences_and_tool_choice(agent, qwen3_tokenizer):
     client, double, _ = agent
     double.responder = says(qwen3_tokenizer, "abc END def")
-    msg = client.messages.create(model="any", max_tokens=20, stop_sequences=["END"], messages=[{"role": "user", "content": "x"}])
+    msg = client.messages.create(model=MODEL, max_tokens=20, stop_sequences=["END"], messages=[{"role": "user", "content": "x"}])
     assert msg.content[0].text == "abc " and msg.stop_reason == "stop_sequence" and msg.stop_sequence == "END"
 
-    ask = dict(model="any", max_tokens=50, tools=TOOLS, messages=[{"role": "user", "content": "y"}])
+    ask = dict(model=MODEL, max_tokens=50, tools=TOOLS, messages=[{"role": "user", "content": "y"}])
     double.responder = says(qwen3_tokenizer, '{"path": "src/a.py"}}\n</tool_call>')
     msg = client.messages.create(**ask, tool_choice={"type": "tool", "name": "read_file"})
     assert qwen3_tokenizer.decode(double.requests[-1]["input_ids"]).endswith('<tool_call>\n{"name": "read_file", "arguments": ')
@@ -131,12 +132,12 @@ def test_stop_sequences_and_tool_choice(agent, qwen3_tokenizer):
 def test_count_tokens_is_the_prompt_a_new_session_sends(agent, qwen3_tokenizer):
     client, double, _ = agent
     double.responder = says(qwen3_tokenizer, "ok")
-    ask = dict(model="any", system=SYSTEM, tools=TOOLS, messages=[{"role": "user", "content": "count me"}])
+    ask = dict(model=MODEL, system=SYSTEM, tools=TOOLS, messages=[{"role": "user", "content": "count me"}])
     counted = client.messages.count_tokens(**ask)
     client.messages.create(max_tokens=5, **ask)
     assert counted.input_tokens == len(double.requests[0]["input_ids"])
     with pytest.raises(anthropic.BadRequestError) as info:
-        client.messages.count_tokens(model="any", messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}])
+        client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}])
     assert info.value.body["error"]["type"] == "invalid_request_error"
 
 
@@ -156,18 +157,18 @@ def test_bad_input_is_a_400_in_anthropics_envelope_and_the_session_goes_on(agent
     client, double, url = agent
     double.responder = says(qwen3_tokenizer, "first", "second")
     messages = [{"role": "user", "content": "start"}]
-    first = client.messages.create(model="any", max_tokens=20, messages=messages)
+    first = client.messages.create(model=MODEL, max_tokens=20, messages=messages)
     messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]})
 
     content, words = BAD_TURNS[case]
     with pytest.raises(anthropic.BadRequestError) as info:
-        client.messages.create(model="any", max_tokens=20, messages=messages + [{"role": "user", "content": content}])
+        client.messages.create(model=MODEL, max_tokens=20, messages=messages + [{"role": "user", "content": content}])
     assert info.value.status_code == 400
     assert info.value.body["type"] == "error" and info.value.body["error"]["type"] == "invalid_request_error"
     assert words in info.value.body["error"]["message"]
     assert len(double.requests) == 1  # nothing reached the engine
 
-    second = client.messages.create(model="any", max_tokens=20, messages=messages + [{"role": "user", "content": "go on"}])
+    second = client.messages.create(model=MODEL, max_tokens=20, messages=messages + [{"role": "user", "content": "go on"}])
     assert second.content[0].text == "second"
     held = double.requests[0]["input_ids"] + double.results[0]["output_ids"]
     assert double.requests[1]["input_ids"][: len(held)] == held and double.requests[1]["session_id"] == double.requests[0]["session_id"]
@@ -175,7 +176,7 @@ def test_bad_input_is_a_400_in_anthropics_envelope_and_the_session_goes_on(agent
 
 def test_refusals_name_what_is_wrong(agent):
     client, _, url = agent
-    ask = dict(model="any", max_tokens=20)
+    ask = dict(model=MODEL, max_tokens=20)
     cases = [
         (dict(messages=[{"role": "user", "content": "x"}, {"role": "assistant", "content": "The answer is"}]), "prefill"),
         (dict(messages=[{"role": "user", "content": "x"}], tools=TOOLS, tool_choice={"type": "tool", "name": "nope"}), "unknown tool 'nope'"),
@@ -187,7 +188,7 @@ def test_refusals_name_what_is_wrong(agent):
         with pytest.raises(anthropic.BadRequestError) as info:
             client.messages.create(**{**ask, **args})
         assert words in info.value.body["error"]["message"], (args, info.value.body)
-    raw = httpx.post(f"{url}/v1/messages", content=b'{"model": "any", "max_tokens": ', headers={"content-type": "application/json"})
+    raw = httpx.post(f"{url}/v1/messages", content=b'{"model": "Qwen/Qwen3-8B", "max_tokens": ', headers={"content-type": "application/json"})
     assert raw.status_code == 400
     assert raw.json()["type"] == "error" and "not valid JSON" in raw.json()["error"]["message"]
     missing = httpx.post(f"{url}/v1/messages", json={"messages": [{"role": "user", "content": "x"}]})
@@ -196,7 +197,7 @@ def test_refusals_name_what_is_wrong(agent):
 
 def test_engine_failures_keep_anthropics_envelope(agent, qwen3_tokenizer):
     client, double, _ = agent
-    ask = dict(model="any", max_tokens=20, messages=[{"role": "user", "content": "x"}])
+    ask = dict(model=MODEL, max_tokens=20, messages=[{"role": "user", "content": "x"}])
     double.faults.fail_next, double.faults.fail_status = 1, 503
     with pytest.raises(anthropic.APIStatusError) as info:
         client.messages.create(**ask)
@@ -213,7 +214,7 @@ def test_engine_failures_keep_anthropics_envelope(agent, qwen3_tokenizer):
 def test_api_keys_through_x_api_key_or_bearer(sglang_double_thread, qwen3_tokenizer_dir, qwen3_tokenizer):
     double = sglang_double_thread
     double.responder = says(qwen3_tokenizer, "ok")
-    ask = dict(model="any", max_tokens=5, messages=[{"role": "user", "content": "x"}])
+    ask = dict(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "x"}])
     with serve_sidecar(double, qwen3_tokenizer_dir, api_key="sk-door") as url:
         assert anthropic.Anthropic(base_url=url, api_key="sk-door", max_retries=0).messages.create(**ask).content[0].text == "ok"
         assert anthropic.Anthropic(base_url=url, auth_token="sk-door", max_retries=0).messages.create(**ask).content[0].text == "ok"

@@ -11,6 +11,7 @@ from openai import OpenAI
 from tool_agent import READ_FILE, file_contents, read_file_responder, serve_sidecar
 
 SYSTEM = "You are a careful coding agent."
+MODEL = "Qwen/Qwen3-8B"  # the stand-in's served model (/v1/models): every door holds requests to it
 
 
 def test_one_session_continues_token_exactly_across_all_three_doors(sglang_double_thread, qwen3_tokenizer_dir, qwen3_tokenizer):
@@ -27,7 +28,7 @@ def test_one_session_continues_token_exactly_across_all_three_doors(sglang_doubl
         call0 = first.tool_calls[0]
 
         second = messages.messages.create(
-            model="any", system=SYSTEM, max_tokens=200,
+            model=MODEL, system=SYSTEM, max_tokens=200,
             tools=[{"name": READ_FILE["name"], "description": READ_FILE["description"], "input_schema": READ_FILE["parameters"]}],
             messages=[
                 {"role": "user", "content": "Find the bug."},
@@ -40,7 +41,7 @@ def test_one_session_continues_token_exactly_across_all_three_doors(sglang_doubl
         )
         text1, call1 = second.content
 
-        third = chat.responses.create(model="any", instructions=SYSTEM, tools=[{"type": "function", **READ_FILE}], input=[
+        third = chat.responses.create(model=MODEL, instructions=SYSTEM, tools=[{"type": "function", **READ_FILE}], input=[
             {"role": "user", "content": "Find the bug."},
             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": first.content}]},
             {"type": "function_call", "call_id": call0.id, "name": "read_file", "arguments": call0.function.arguments},

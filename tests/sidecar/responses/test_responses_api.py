@@ -15,6 +15,7 @@ from tool_agent import ANSWER, READ_FILE, file_contents, ids, read_file_responde
 
 TOOLS = [{"type": "function", **READ_FILE}]
 SYSTEM = "You are a careful coding agent."
+MODEL = "Qwen/Qwen3-8B"  # the stand-in's served model (/v1/models): every door holds requests to it
 
 
 @pytest.fixture
@@ -28,7 +29,7 @@ def test_plain_response_with_usage_and_sampling(agent, qwen3_tokenizer):
     client, double, _ = agent
     double.responder = says(qwen3_tokenizer, "Hello there!")
     resp = client.responses.create(
-        model="any", instructions=SYSTEM, input="hi", max_output_tokens=20, temperature=0.5, top_p=0.9, store=False,
+        model=MODEL, instructions=SYSTEM, input="hi", max_output_tokens=20, temperature=0.5, top_p=0.9, store=False,
         metadata={"run": "7"},
     )
     assert resp.object == "response" and resp.id.startswith("resp_") and resp.status == "completed"
@@ -49,7 +50,7 @@ def test_plain_response_with_usage_and_sampling(agent, qwen3_tokenizer):
 def test_stream_is_the_responses_event_sequence(agent, qwen3_tokenizer):
     client, double, _ = agent
     double.responder = read_file_responder(qwen3_tokenizer)
-    events = list(client.responses.create(model="any", input="Find the bug.", tools=TOOLS, stream=True))
+    events = list(client.responses.create(model=MODEL, input="Find the bug.", tools=TOOLS, stream=True))
     assert [e.sequence_number for e in events] == list(range(len(events)))
     kinds = [e.type for e in events]
     assert [k for k in kinds if not k.endswith(".delta")] == [
@@ -80,7 +81,7 @@ def test_function_call_round_trips_are_one_session_whose_cache_grows(agent, qwen
     items: list = [{"role": "user", "content": "Find the bug."}]
     usages = []
     for turn in range(4):
-        args = dict(model="any", instructions=SYSTEM, input=items, tools=TOOLS)
+        args = dict(model=MODEL, instructions=SYSTEM, input=items, tools=TOOLS)
         if turn % 2:
             with client.responses.stream(**args) as stream:
                 resp = stream.get_final_response()
@@ -107,9 +108,9 @@ def test_function_call_round_trips_are_one_session_whose_cache_grows(agent, qwen
 def test_a_reply_cut_by_max_output_tokens_is_incomplete(agent, qwen3_tokenizer):
     client, double, _ = agent
     double.responder = scripted_responder(ids(qwen3_tokenizer, " one two three four five six seven"))
-    resp = client.responses.create(model="any", input="count", max_output_tokens=3)
+    resp = client.responses.create(model=MODEL, input="count", max_output_tokens=3)
     assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"
-    events = list(client.responses.create(model="any", input="count", max_output_tokens=3, stream=True))
+    events = list(client.responses.create(model=MODEL, input="count", max_output_tokens=3, stream=True))
     assert events[-1].type == "response.incomplete" and events[-1].response.incomplete_details.reason == "max_output_tokens"
 
 
@@ -120,7 +121,7 @@ REFUSED = [
     (dict(input=[{"type": "function_call_output", "call_id": "call_nobody", "output": "x"}]), "input.0: function_call_output answers 'call_nobody'"),
     (dict(input=[{"type": "reasoning", "id": "rs_1", "summary": []}]), "input item 0 has type 'reasoning'"),
     (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]), "content part 0 has type 'input_image'"),
-    (dict(input="x", tools=[{"type": "web_search"}]), "tool 0 has type 'web_search'"),
+    (dict(input="x", tools=[{"type": "custom", "name": "apply_patch"}]), "tool 0 has type 'custom'"),
     (dict(input="x", tools=TOOLS, tool_choice={"type": "function", "name": "nope"}), "unknown tool 'nope'"),
     (dict(input="x", text={"format": {"type": "json_schema", "name": "s", "schema": {}}}), "text.format"),
     (dict(input=[{"type": "function_call", "call_id": "c", "name": "read_file"}]), "input.0.arguments: Field required"),
@@ -131,20 +132,20 @@ def test_bad_input_is_a_400_in_openais_envelope_and_the_session_goes_on(agent, q
     client, double, url = agent
     double.responder = says(qwen3_tokenizer, "first", "second")
     items: list = [{"role": "user", "content": "start"}]
-    first = client.responses.create(model="any", input=items)
+    first = client.responses.create(model=MODEL, input=items)
     items += [i.model_dump(exclude_none=True) for i in first.output]
     for args, words in REFUSED:
         with pytest.raises(openai.BadRequestError) as info:
-            client.responses.create(model="any", **args)
+            client.responses.create(model=MODEL, **args)
         assert info.value.body["type"] == "invalid_request_error" and words in info.value.body["message"], (args, info.value.body)
     broken = items + [{"type": "function_call_output", "call_id": "call_x", "output": "late"}]
     with pytest.raises(openai.BadRequestError):
-        client.responses.create(model="any", input=broken)
+        client.responses.create(model=MODEL, input=broken)
     raw = httpx.post(f"{url}/v1/responses", content=b'{"input": [', headers={"content-type": "application/json"})
     assert raw.status_code == 400 and "not valid JSON" in raw.json()["error"]["message"]
     assert len(double.requests) == 1  # nothing reached the engine
 
-    second = client.responses.create(model="any", input=items + [{"role": "user", "content": "go on"}])
+    second = client.responses.create(model=MODEL, input=items + [{"role": "user", "content": "go on"}])
     assert second.output_text == "second"
     held = double.requests[0]["input_ids"] + double.results[0]["output_ids"]
     assert double.requests[1]["input_ids"][: len(held)] == held and double.requests[1]["session_id"] == double.requests[0]["session_id"]
@@ -154,11 +155,11 @@ def test_engine_failure_mid_stream_is_an_error_event_then_response_failed(agent,
     client, double, _ = agent
     double.faults.drop_next, double.faults.drop_after_tokens = 1, 3
     double.responder = scripted_responder(ids(qwen3_tokenizer, " a b c d e f g h"))
-    events = list(client.responses.create(model="any", input="x", stream=True))
+    events = list(client.responses.create(model=MODEL, input="x", stream=True))
     assert [e.type for e in events[-2:]] == ["error", "response.failed"]
     assert events[-2].code == "engine_unavailable" and events[-1].response.status == "failed"
     assert events[-1].response.error.message == events[-2].message
     double.faults.fail_next, double.faults.fail_status = 1, 503
     with pytest.raises(openai.InternalServerError) as info:
-        client.responses.create(model="any", input="x")
+        client.responses.create(model=MODEL, input="x")
     assert info.value.status_code == 503 and info.value.body["code"] == "engine_overloaded"
