@@ -6,7 +6,7 @@
 # (see `uptime`); results: benchmarks/results/load/cost/proxy-cost.{json,md,png}.
 #   benchmarks/proxy_cost.sh [--duration 30] [--reps 3] [--only long-256,open-50,...]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 out=benchmarks/results/load/cost
 mkdir -p "$out"
