@@ -4,7 +4,7 @@
 # three times with the three proxies interleaved. About 35 min at --duration 15 (54 phases of
 # ~40 s on the 2-vCPU box), ~55 min at the default 30. Run it on an otherwise idle machine
 # (see `uptime`); results: benchmarks/results/load/cost/proxy-cost.{json,md,png}.
-#   benchmarks/proxy_cost.sh [--duration 30] [--reps 3] [--only long-256,open-50,...]
+#   benchmarks/scripts/load/proxy_cost.sh [--duration 30] [--reps 3] [--only long-256,open-50,...]
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
