@@ -8,12 +8,13 @@ as bytes, and the engine payload splices it in verbatim.
 
 from __future__ import annotations
 
-import json
 from typing import Iterable, Iterator
+
+from pydantic_core import from_json, to_json
 
 
 def _text(ids: Iterable[int]) -> bytes:
-    return json.dumps(ids if isinstance(ids, list) else list(ids), separators=(",", ":"))[1:-1].encode()
+    return to_json(ids if isinstance(ids, list) else list(ids))[1:-1]  # compact: b"[1,2,3]"
 
 
 class IdText:
@@ -54,7 +55,7 @@ class IdText:
         return b"[" + self._text + b"]"
 
     def tolist(self) -> list[int]:
-        return json.loads(self.json())
+        return from_json(self.json())
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.tolist())

@@ -9,24 +9,50 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
-_SORTED_JSON = json.JSONEncoder(sort_keys=True, ensure_ascii=False)
+from pydantic_core import PydanticSerializationError, from_json, to_json
+
+_SORTED_JSON = json.JSONEncoder(sort_keys=True, ensure_ascii=False)  # the rare fallback only (see below)
+
+
+def _sorted(value: Any) -> Any:
+    """``value`` with every object's keys in sorted order (to_json keeps insertion order)."""
+    if isinstance(value, dict):
+        return {k: _sorted(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted(v) for v in value]
+    return value
 
 
 def _canonical_calls(message: dict[str, Any]) -> str:
-    """Tool calls as the model saw them: [name, parsed arguments] each, keys sorted ("" if none)."""
-    calls = []
+    """Tool calls as the model saw them: [name, parsed arguments] each, keys sorted ("" if none).
+
+    Parsed and written by pydantic-core (a turn's new messages pass here). Arguments it refuses
+    (not JSON, or holding an escaped lone surrogate) take the stdlib's way as before: kept as text,
+    or parsed into a str that ``extend_fingerprint`` then refuses as the client's error."""
+    calls, fallback = [], False
     for call in message.get("tool_calls") or ():
         fn = call.get("function", {})
         args = fn.get("arguments")
         if isinstance(args, str):
             try:
-                args = json.loads(args)
+                args = from_json(args)
             except ValueError:
-                pass
+                fallback = True
+                try:
+                    args = json.loads(args)
+                except ValueError:
+                    pass
         calls.append([fn.get("name"), args])
-    return _SORTED_JSON.encode(calls) if calls else ""
+    if not calls:
+        return ""
+    if not fallback:
+        try:
+            return to_json(_sorted(calls)).decode()
+        except PydanticSerializationError:  # a lone surrogate in arguments parsed upstream
+            pass
+    return _SORTED_JSON.encode(calls)
 
 
 def extend_fingerprint(previous: bytes, message: dict[str, Any]) -> bytes:
@@ -51,6 +77,14 @@ def extend_fingerprint(previous: bytes, message: dict[str, Any]) -> bytes:
     return h.digest()
 
 
+def chain_fingerprint(previous: bytes, messages: Iterable[dict[str, Any]]) -> bytes:
+    """``previous`` extended by each message in turn: the last of ``fingerprints`` when
+    ``previous`` fingerprints the messages before these."""
+    for message in messages:
+        previous = extend_fingerprint(previous, message)
+    return previous
+
+
 def fingerprints(messages: Iterable[dict[str, Any]]) -> list[bytes]:
     """Chained digests: element i fingerprints messages[0..i]."""
     out, h = [], b""
@@ -58,6 +92,54 @@ def fingerprints(messages: Iterable[dict[str, Any]]) -> list[bytes]:
         h = extend_fingerprint(h, message)
         out.append(h)
     return out
+
+
+class MessageKey(NamedTuple):
+    """A stored message reduced to what its fingerprint covers, so that the next request's copy of
+    it can be compared with ``==`` (memcmp of the text) instead of being hashed again."""
+
+    role: Any
+    text: str  # stripped for an assistant message
+    name: Any
+    call_id: Any
+    calls: tuple  # (name, arguments as sent) of each tool call: the cheap comparison
+    canonical_calls: str  # _canonical_calls: the comparison when the arguments were re-serialized
+
+
+def _raw_calls(message: dict[str, Any]) -> tuple:
+    return tuple(
+        (fn.get("name"), fn.get("arguments")) for fn in (c.get("function", {}) for c in message.get("tool_calls") or ())
+    )
+
+
+def message_key(message: dict[str, Any]) -> MessageKey:
+    role = message.get("role")
+    content = message.get("content") or ""
+    return MessageKey(
+        role,
+        content.strip() if role == "assistant" else content,
+        message.get("name"),
+        message.get("tool_call_id") if role == "tool" else None,
+        _raw_calls(message),
+        _canonical_calls(message),
+    )
+
+
+def same_message(key: MessageKey, message: dict[str, Any]) -> bool:
+    """Whether ``message`` has the fingerprint of the message ``key`` was made from, without
+    hashing it: its role, name, tool_call_id and text compare equal, and its tool calls too (as
+    sent, or once canonical when the client re-serialized their arguments)."""
+    role = message.get("role")
+    if role != key.role or message.get("name") != key.name:
+        return False
+    if (message.get("tool_call_id") if role == "tool" else None) != key.call_id:
+        return False
+    content = message.get("content") or ""
+    if (content.strip() if role == "assistant" else content) != key.text:
+        return False
+    if not key.calls and not message.get("tool_calls"):
+        return True
+    return _raw_calls(message) == key.calls or _canonical_calls(message) == key.canonical_calls
 
 
 def reply_message(content: str, tool_calls: Iterable[tuple[str, str]]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.conversation.fingerprint import fingerprints
+from sidecar.conversation.fingerprint import MessageKey, extend_fingerprint, message_key, same_message, fingerprints
 from sidecar.engine.worker import Worker
 from sidecar.errors import invalid_request
 from sidecar.id_text import IdText
@@ -62,11 +62,16 @@ class TurnState:
     token_ids: IdText  # prompt ids + generated ids
     end_id: int | None  # stop token that ended the reply (None: cut by length or stop string)
     parent: bytes | None = None  # fingerprint of the state this turn continued (None: rendered whole)
+    # The messages it covers as MessageKeys (the next request's are compared with them, not hashed),
+    # shared with the state it continued; ``text_bytes``: the text of those it added (counted here once).
+    keys: tuple[MessageKey, ...] | None = None
+    text_bytes: int = 0
 
     @property
     def nbytes(self) -> int:
         ids = self.token_ids
-        return (ids.nbytes if isinstance(ids, IdText) else 8 * len(ids)) + TURN_STATE_OVERHEAD_BYTES
+        keys = 8 * len(self.keys) + self.text_bytes if self.keys is not None else 0
+        return (ids.nbytes if isinstance(ids, IdText) else 8 * len(ids)) + TURN_STATE_OVERHEAD_BYTES + keys
 
 
 @dataclass(eq=False)
@@ -132,6 +137,30 @@ class Resolution:
     new_messages_from: int  # index of the first message not covered by base
     is_new_session: bool
     fingerprint: bytes  # of the request's messages (the reply extends it; saves hashing them twice)
+    keys: tuple[MessageKey, ...] = ()  # of the request's messages: base's own, then the new ones'
+    new_text_bytes: int = 0  # text of the messages not covered by base
+
+    def next_state(self, reply: dict[str, Any], token_ids, end_id: int | None) -> TurnState:
+        """The turn state of this request's finished reply (``reply_message``): its fingerprint and
+        keys extend the request's, so only the reply is hashed."""
+        key = message_key(reply)
+        return TurnState(
+            extend_fingerprint(self.fingerprint, reply), len(self.keys) + 1, token_ids, end_id,
+            self.base.fingerprint if self.base is not None else None,
+            self.keys + (key,), self.new_text_bytes + _text_bytes(key),
+        )
+
+
+def _text_bytes(key: MessageKey) -> int:
+    return len(key.text) + sum(len(a) for _, a in key.calls if isinstance(a, str))
+
+
+def _keys(base: TurnState | None, messages: list[dict[str, Any]]) -> tuple[tuple[MessageKey, ...], int]:
+    """The keys of ``messages``: base's for the messages it covers, new ones for the rest; and
+    the text those new ones hold."""
+    start = base.n_messages if base is not None and base.keys is not None else 0
+    new = tuple(message_key(m) for m in messages[start:])
+    return (base.keys if start else ()) + new, sum(map(_text_bytes, new))
 
 
 class SessionStore:
@@ -210,7 +239,39 @@ class SessionStore:
                 self._sessions.move_to_end(session.id)
             else:
                 session, _ = self.open(f"sess-{uuid.uuid4().hex}", scope, explicit=False)
-        return Resolution(session, base, base.n_messages if base else 0, is_new, prints[-1] if prints else b"")
+        keys, new_text = _keys(base, messages)
+        return Resolution(session, base, base.n_messages if base else 0, is_new, prints[-1] if prints else b"", keys, new_text)
+
+    def known_turn(self, messages: list[dict[str, Any]], explicit_id: str, scope: str = "") -> TurnState | None:
+        """The longest stored turn of an explicit session that ``messages`` continue, found by
+        comparing them with its stored message keys (``==`` on the text, newest first, so an edit
+        fails fast): nothing of the history is hashed. None when the session is unknown, nothing
+        matches, or a state has no keys (then :meth:`resolve` decides, by fingerprints)."""
+        session = self._sessions.get(scoped_id(scope, explicit_id))
+        if session is None or not session.turns:
+            return None
+        states = list(session.turns.values())
+        if any(state.keys is None for state in states):
+            return None
+        n = len(messages)
+        for state in sorted(states, key=lambda st: st.n_messages, reverse=True):
+            keys = state.keys
+            if len(keys) <= n and all(same_message(keys[i], messages[i]) for i in range(len(keys) - 1, -1, -1)):
+                return state
+        return None
+
+    def continue_turn(
+        self, messages: list[dict[str, Any]], explicit_id: str, scope: str, base: TurnState, fingerprint: bytes
+    ) -> Resolution | None:
+        """The resolution of a request that continues ``base`` (from :meth:`known_turn`), whose
+        whole fingerprint the caller extended from ``base.fingerprint`` over the new messages;
+        None if ``base`` left its session meanwhile (then :meth:`resolve` decides)."""
+        session = self._sessions.get(scoped_id(scope, explicit_id))
+        if session is None or session.turns.get(base.fingerprint) is not base:
+            return None
+        self._sessions.move_to_end(session.id)
+        keys, new_text = _keys(base, messages)
+        return Resolution(session, base, base.n_messages, False, fingerprint, keys, new_text)
 
     @staticmethod
     def _longest_match(messages, prints, lookup) -> TurnState | None:

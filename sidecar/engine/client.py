@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, AsyncIterator
 
 import aiohttp
-from pydantic_core import from_json
+from pydantic_core import from_json, to_json
 from yarl import URL
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
@@ -174,7 +174,8 @@ class EngineClient:
 
     async def _post_best_effort(self, path: str, body: dict[str, Any], what: str) -> None:
         try:
-            resp = await self.http.post(self._url(path), json=body, headers=self.headers, timeout=aiohttp.ClientTimeout(total=5))
+            resp = await self.http.post(self._url(path), data=to_json(body), headers=self._json_headers,
+                                        timeout=aiohttp.ClientTimeout(total=5))
             if resp.status >= 400:
                 log.warning("%s: SGLang answered %d", what, resp.status)
             resp.release()
@@ -183,11 +184,12 @@ class EngineClient:
 
 
 def _json_body(payload: dict[str, Any]) -> bytes:
-    """The payload as JSON; ``input_ids`` held as IdText is spliced in as it is (see id_text)."""
+    """The payload as JSON (pydantic-core's: compact UTF-8); ``input_ids`` held as IdText is
+    spliced in as it is (see id_text)."""
     ids = payload.get("input_ids")
     if not isinstance(ids, IdText):
-        return json.dumps(payload).encode()
-    rest = json.dumps({k: v for k, v in payload.items() if k != "input_ids"}).encode()
+        return to_json(payload)
+    rest = to_json({k: v for k, v in payload.items() if k != "input_ids"})
     return b'{"input_ids":' + ids.json() + (b"," + rest[1:] if rest != b"{}" else b"}")
 
 

@@ -8,13 +8,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pydantic_core import from_json
+
 from sidecar.errors import invalid_request
 
 
 def json_or_str(arguments: str) -> Any:
     """Tool-call arguments as the template renders them: the parsed JSON, or the string as sent."""
     try:
-        return json.loads(arguments)
+        return from_json(arguments)  # pydantic-core's parser: every call of the history, every request
+    except (TypeError, ValueError):
+        pass
+    try:
+        return json.loads(arguments)  # what it refuses (an escaped lone surrogate, say) as before
     except (TypeError, ValueError):
         return arguments
 

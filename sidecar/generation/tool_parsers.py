@@ -21,7 +21,19 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Union
+
+from pydantic_core import from_json
+
+
+def parse_json(text: str) -> Any:
+    """``json.loads(text)``, by pydantic-core's parser (a tool call per turn, a few times cheaper);
+    what it refuses (an escaped lone surrogate, say) takes the stdlib's way, so the result and
+    the errors are json.loads' own."""
+    try:
+        return from_json(text)
+    except ValueError:
+        return json.loads(text)
 
 
 @dataclass(frozen=True)
@@ -134,7 +146,7 @@ class HermesToolParser:
     @staticmethod
     def _parse_body(body: str) -> tuple[str, str] | None:
         try:
-            obj = json.loads(body)
+            obj = parse_json(body)
         except ValueError:
             return None
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
@@ -143,7 +155,7 @@ class HermesToolParser:
         if isinstance(args, str):
             # Some models emit arguments pre-serialized; pass them through if valid JSON.
             try:
-                json.loads(args)
+                parse_json(args)
             except ValueError:
                 return None
             return obj["name"], args

@@ -3,13 +3,14 @@ content and tool-call deltas, finish, usage, in-stream error, ``[DONE]``), usage
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Any
 
+from pydantic_core import to_json
+
 from sidecar.errors import APIError
-from sidecar.frontdoor.stream import UNICODE_JSON
+from sidecar.frontdoor.stream import frame_json
 from sidecar.generation.relay import GenerationResult
 from sidecar.generation.tool_parsers import ContentDelta, Event, ToolCall, ToolCallArgumentsDelta, ToolCallStart
 
@@ -88,16 +89,17 @@ def usage_chunk(cid: str, model: str, created: int, usage: dict[str, Any]) -> di
 
 
 def sse_frame(payload: dict[str, Any]) -> bytes:
-    return b"data: " + UNICODE_JSON.encode(payload).encode() + b"\n\n"
+    """``data: JSON``: pydantic-core's compact UTF-8 JSON, as OpenAI's stream sends it."""
+    return b"data: " + frame_json(payload) + b"\n\n"
 
 
 def error_frames(err: APIError) -> bytes:
     """A failure after the stream started: the error in OpenAI's envelope, then ``[DONE]``."""
-    return b"data: " + json.dumps(err.body()).encode() + b"\n\n" + DONE
+    return sse_frame(err.body()) + DONE
 
 
 class ChunkFrames:
-    """SSE frames of one streamed completion, byte for byte ``data: <json.dumps(chunk(...))>``.
+    """SSE frames of one streamed completion, byte for byte ``sse_frame(chunk(...))``.
 
     A stream sends a chunk per token; the part every chunk shares (id, model, ...) is serialized
     once here, so a frame costs only the JSON of its delta.
@@ -108,20 +110,20 @@ class ChunkFrames:
     def __init__(self, cid: str, model: str, created: int, include_usage: bool):
         self._usage = {"usage": None} if include_usage else {}
         self._chunk_args = (cid, model, created)
-        text = json.dumps(chunk(cid, model, created, self._DELTA, self._FINISH) | self._usage, ensure_ascii=False)  # type: ignore[arg-type]
-        delta, finish = json.dumps(self._DELTA), json.dumps(self._FINISH)
+        text = to_json(chunk(cid, model, created, self._DELTA, self._FINISH) | self._usage)  # type: ignore[arg-type]
+        delta, finish = to_json(self._DELTA), to_json(self._FINISH)
         self._parts: tuple[bytes, bytes, bytes] | None = None
         if text.count(delta) == 1 and text.count(finish) == 1 and text.index(delta) < text.index(finish):
             head, rest = text.split(delta)
             middle, tail = rest.split(finish)
-            self._parts = (b"data: " + head.encode(), middle.encode(), tail.encode() + b"\n\n")
+            self._parts = (b"data: " + head, middle, tail + b"\n\n")
 
     def delta(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
         if self._parts is None:  # a model name holding a placeholder: serialize whole
             return sse_frame(chunk(*self._chunk_args, delta, finish_reason) | self._usage)
         head, middle, tail = self._parts
-        finish = b"null" if finish_reason is None else UNICODE_JSON.encode(finish_reason).encode()
-        return head + UNICODE_JSON.encode(delta).encode() + middle + finish + tail
+        finish = b"null" if finish_reason is None else to_json(finish_reason)
+        return head + to_json(delta) + middle + finish + tail
 
     def usage(self, usage: dict[str, Any]) -> bytes:
         return sse_frame(usage_chunk(*self._chunk_args, usage))

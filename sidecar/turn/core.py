@@ -14,8 +14,8 @@ from typing import AsyncIterator
 
 from sidecar import logs
 from sidecar.conversation.chat_template import ChatRenderer
-from sidecar.conversation.fingerprint import extend_fingerprint, fingerprints, reply_message
-from sidecar.conversation.store import Resolution, Session, SessionStore, TurnState, check_session_id
+from sidecar.conversation.fingerprint import chain_fingerprint, fingerprints, reply_message
+from sidecar.conversation.store import Resolution, Session, SessionStore, check_session_id
 from sidecar.conversation.tokens import TooManyTokens
 from sidecar.engine.generate import generate_request, sampling_params
 from sidecar.engine.lease import LeaseRequest
@@ -294,11 +294,11 @@ class Turn:
         core.rate_limits.take(req.scope)
         core.check(req)
         explicit = check_session_id(req.session_id) if req.session_id is not None else None
-        # megabytes of text are hashed, rendered and tokenized off the event loop (sidecar.turn.offload)
-        weight = _text_chars(req)
+        res = self.resolution = await self._resolve(req, explicit)
+        # megabytes of text are hashed, rendered and tokenized off the event loop (sidecar.turn.offload);
+        # a continuing turn renders and tokenizes only its new messages, so only they count
+        weight = _text_chars(req, req.messages[res.new_messages_from :])
         large = weight >= OFFLOAD_CHARS
-        prints = await core.offload.run(fingerprints, req.messages, key=req.scope, weight=weight) if large else None
-        res = self.resolution = core.sessions.resolve(req.messages, explicit, req.scope, prints)
         logs.bind_session(res.session.public_id)
         self._n_messages = len(req.messages)
         session = res.session
@@ -309,6 +309,24 @@ class Turn:
             self._release()
             raise
         return self
+
+    async def _resolve(self, req: TurnRequest, explicit: str | None) -> Resolution:
+        """The session and turn the request continues. A session named by its id is matched by
+        comparing the messages with its stored turns, and only the new messages are hashed; else
+        the whole history is fingerprinted (off the event loop when it is large)."""
+        core, messages = self.core, req.messages
+        base = core.sessions.known_turn(messages, explicit, req.scope) if explicit is not None else None
+        if base is not None:
+            new = messages[base.n_messages :]
+            weight = _text_chars(req, new)
+            fp = (await core.offload.run(chain_fingerprint, base.fingerprint, new, key=req.scope, weight=weight)
+                  if weight >= OFFLOAD_CHARS else chain_fingerprint(base.fingerprint, new))
+            res = core.sessions.continue_turn(messages, explicit, req.scope, base, fp)
+            if res is not None:
+                return res
+        weight = _text_chars(req)
+        prints = await core.offload.run(fingerprints, messages, key=req.scope, weight=weight) if weight >= OFFLOAD_CHARS else None
+        return core.sessions.resolve(messages, explicit, req.scope, prints)
 
     async def _prepare(self, req: TurnRequest, res: Resolution, session: Session, large: bool) -> None:
         core, renderer = self.core, self.core.renderer
@@ -422,8 +440,7 @@ class Turn:
         result = self.result
         reply = reply_message(result.content, [(c.name, c.arguments) for c in result.tool_calls])
         ids = gen.payload["input_ids"] + result.output_ids
-        parent = res.base.fingerprint if res.base is not None else None
-        state = TurnState(extend_fingerprint(res.fingerprint, reply), self._n_messages + 1, ids, result.end_id, parent)
+        state = res.next_state(reply, ids, result.end_id)
         core.sessions.record_turn(res.session, state)
         if self._route.served_by is not None:
             self._served_elsewhere(self._route.served_by, len(res.base.token_ids) if res.base is not None else 0)
@@ -519,9 +536,10 @@ def _read_shared_prefix(path: str | None) -> str | None:
     return text[:-1] if text.endswith("\n") else text
 
 
-def _text_chars(req: TurnRequest) -> int:
-    """What preparing a request costs, all fields counted (``sidecar.turn.offload.request_weight``)."""
-    return request_weight(req.messages, req.tools, req.template_kwargs)
+def _text_chars(req: TurnRequest, messages: list[dict] | None = None) -> int:
+    """What preparing a request costs, all fields counted (``sidecar.turn.offload.request_weight``);
+    ``messages`` narrows it to the messages a continuing turn renders (its new ones)."""
+    return request_weight(req.messages if messages is None else messages, req.tools, req.template_kwargs)
 
 
 def _too_long(count: str, limit: int) -> APIError:

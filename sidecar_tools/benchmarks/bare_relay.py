@@ -1,60 +1,84 @@
-"""The floor of the load test: the sidecar app with its chat handler replaced by a bare relay.
+"""The floor of the load test: a bare Python relay of SGLang's native ``/generate``.
 
-The relay reads the body, posts a canned prompt of 2,500 ids to SGLang under the agent's session
-id and turns each streamed chunk into a one-token SSE frame: no validation, sessions, chat
-template, tokenizer or policy. What the load test measures for it is the cost of the second HTTP
-hop alone (aiohttp server + aiohttp client, middlewares included), to compare with the sidecar:
+It parses the agent's body, forwards it to SGLang, and streams each chunk back after parsing and
+re-serializing it (what any relay that looks at the stream does): no validation, sessions, chat
+template, tokenizer or policy. Its CPU per turn is the cost of the second HTTP hop alone, on the
+sidecar's own stack (aiohttp server + client, uvloop when installed, pydantic-core JSON), which the
+load test puts beside the sidecar's and smg's (``--mode bare``):
 
-    LOAD_TEST_SIDECAR_LAUNCH="python -m sidecar_tools.benchmarks.bare_relay" \\
-        python -m sidecar_tools.benchmarks.load_test --sessions 100 --duration 30 --sidecar-arg=--session-idle-grace=10 ...
+    python -m sidecar_tools.benchmarks.bare_relay --sglang-url http://127.0.0.1:30000 --port 8100
 
-Benchmark-only: it answers every request with the same canned reply text.
+Benchmark-only. It takes (and ignores) the rest of ``sidecar serve``'s flags, so it can also stand
+in for the sidecar through ``LOAD_TEST_SIDECAR_LAUNCH``.
 """
 
 from __future__ import annotations
 
-import json
-import sys
-import uuid
+import argparse
+import asyncio
 
+import aiohttp
 from aiohttp import web
-
-import sidecar.server.routes
-from sidecar.server import keys
-
-_CANNED_IDS = json.dumps([9] * 2500).encode()
-_FRAME = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
-_LAST = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":2500}}\n\ndata: [DONE]\n\n'
+from pydantic_core import from_json, to_json
 
 
-async def bare_relay(request: web.Request) -> web.StreamResponse:
-    await request.read()
-    sid = json.dumps(request.headers.get("X-Session-Id", "bare")).encode()
-    payload = (b'{"input_ids":' + _CANNED_IDS + b',"rid":"' + uuid.uuid4().hex.encode() + b'","session_id":' + sid
-               + b',"stream":true,"sampling_params":{"max_new_tokens":64}}')
-    (worker,) = request.app[keys.WORKERS]
-    engine = worker.client
-    upstream = await engine._open("POST", "/generate", data=payload, headers=engine._json_headers)
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+def relay_app(upstream: str) -> web.Application:
+    app = web.Application()
+    state: dict[str, aiohttp.ClientSession] = {}
+
+    async def start(_app):
+        state["http"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None))
+
+    async def stop(_app):
+        await state["http"].close()
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        payload = from_json(await request.read())
+        async with state["http"].post(upstream + "/generate", data=to_json(payload),
+                                      headers={"Content-Type": "application/json"}) as upstream_resp:
+            if upstream_resp.status != 200:
+                return web.Response(status=upstream_resp.status, body=await upstream_resp.read(), content_type="application/json")
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            await response.prepare(request)
+            partial = b""
+            async for chunk in upstream_resp.content.iter_any():
+                lines = (partial + chunk).split(b"\n")
+                partial = lines.pop()
+                out = []
+                for line in lines:
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    out.append(b"data: [DONE]\n\n" if data == b"[DONE]" else b"data: " + to_json(from_json(data)) + b"\n\n")
+                if out:
+                    await response.write(b"".join(out))
+            await response.write_eof()
+            return response
+
+    app.router.add_get("/health", health)
+    app.router.add_post("/generate", generate)
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", nargs="?", default="serve")  # as `sidecar serve`
+    parser.add_argument("--sglang-url", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8100)
+    args, _ignored = parser.parse_known_args(argv)
     try:
-        async for chunk in upstream.content.iter_any():
-            if not response.prepared:
-                await response.prepare(request)
-            frames = [_FRAME for line in chunk.split(b"\n") if line.startswith(b"data: {")]
-            if frames:
-                await response.write(b"".join(frames))
-        await response.write_eof(_LAST)
-    finally:
-        upstream.release()
-    return response
+        import uvloop
 
-
-def main() -> None:
-    sidecar.server.routes.chat_completions = bare_relay  # the app factory registers the route by module name
-    sys.argv[0] = "sidecar"
-    from sidecar.cli import main as cli_main
-
-    cli_main()
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())  # as the sidecar's --event-loop auto
+    except ImportError:
+        pass
+    web.run_app(relay_app(args.sglang_url.rstrip("/")), host=args.host, port=args.port, print=None, access_log=None)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,16 @@ sidecar (``python -m sidecar serve``), and this client (asyncio + aiohttp). Two 
 same agents, prompts, replies and think times, each on a fresh engine:
 
 * ``direct``  - agents speak SGLang's native ``/generate`` (token ids) to the engine;
-* ``sidecar`` - agents speak OpenAI ``/v1/chat/completions`` (messages, tools, stream) to the sidecar.
+* ``sidecar`` - agents speak OpenAI ``/v1/chat/completions`` (messages, tools, stream) to the sidecar;
+* ``bare``    - agents speak ``/generate`` to a bare Python relay (``bare_relay``: parse, forward,
+  stream back) in front of the engine: the floor of a Python hop;
+* ``smg``     - agents speak ``/generate`` to smg (``smg launch``, round robin, one worker) in front
+  of the engine: a Rust router.
+
+The proxy of the last three (sidecar, relay, smg) gets a CPU of its own (``--pin``); its CPU per
+turn is its CPU seconds from the first timed turn to the end over the turns that finished.
+``--idle-sessions N`` opens N more sessions first (one turn each, not timed) and leaves them open,
+so the per-turn cost can be read against the number of open sessions.
 
 Each agent loops: send the conversation, read the streamed reply (a short text plus a tool call),
 think (log-normal, median ``--think``), append reply + tool result, repeat; after ``--turns`` turns
@@ -94,6 +103,7 @@ class LoadConfig:
     uvloop: bool = False  # run the sidecar (and the engine) on uvloop's event loop
     sidecar_args: tuple[str, ...] = ()
     seed: int = 0
+    idle_sessions: int = 0  # sessions opened (one turn each) before the timed part, then left open
 
 
 # --------------------------------------------------------------------------- the engine (child process)
@@ -180,10 +190,23 @@ class Proc:
 
 
 def _listens(proc: Proc, port: int) -> bool:
-    """The port is ours (not a stranger's that grabbed it between _free_port and our bind)."""
+    """The port is ours (not a stranger's that grabbed it between _free_port and our bind): the
+    process or one of its children (``smg launch`` may serve from a child) listens on it."""
     with contextlib.suppress(Exception):
-        return any(c.status == "LISTEN" and c.laddr.port == port for c in proc.ps.net_connections(kind="tcp"))
+        for ps in (proc.ps, *proc.ps.children(recursive=True)):
+            if any(c.status == "LISTEN" and c.laddr.port == port for c in ps.net_connections(kind="tcp")):
+                return True
     return False
+
+
+def _cpu_seconds(ps) -> float:
+    """User + system CPU seconds of a process and its children (as /proc/PID/stat counts them)."""
+    total = 0.0
+    for p in (ps, *ps.children(recursive=True)):
+        with contextlib.suppress(Exception):
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
 
 
 async def _wait_http(url: str, proc: Proc, timeout: float = 90.0) -> None:
@@ -222,6 +245,30 @@ def start_sidecar(cfg: LoadConfig, engine_url: str, tokenizer_dir: str, cpus: li
     args = [*launch, "serve", "--sglang-url", engine_url, "--host", HOST, "--port", str(port),
             "--tokenizer", tokenizer_dir, "--model-name", LOAD_MODEL, "--log-level", "warning", *cfg.sidecar_args]
     return Proc("sidecar", args, cpus), f"http://{HOST}:{port}"
+
+
+def start_bare(engine_url: str, cpus: list[int] | None) -> tuple[Proc, str]:
+    port = _free_port()
+    args = [sys.executable, "-m", "sidecar_tools.benchmarks.bare_relay", "--sglang-url", engine_url, "--host", HOST, "--port", str(port)]
+    return Proc("bare", args, cpus), f"http://{HOST}:{port}"
+
+
+def start_smg(engine_url: str, cpus: list[int] | None) -> tuple[Proc, str]:
+    """smg 1.13 as a plain router: one worker, round robin, its circuit breaker off (a burst of
+    errors must not hide the engine), retries as they come."""
+    import shutil
+
+    smg = shutil.which("smg")
+    if smg is None:
+        raise RuntimeError("the smg binary is not installed (pip install smg==1.13.0)")
+    port = _free_port()
+    args = [smg, "launch", "--worker-urls", engine_url, "--policy", "round_robin", "--host", HOST, "--port", str(port),
+            "--prometheus-port", str(_free_port()), "--log-level", "warn", "--disable-circuit-breaker",
+            "--health-check-interval-secs", "5"]
+    return Proc("smg", args, cpus), f"http://{HOST}:{port}"
+
+
+PROXIES = ("sidecar", "bare", "smg")  # modes with a process between the agents and the engine
 
 
 # --------------------------------------------------------------------------- the agents
@@ -303,7 +350,7 @@ class Agents:
         while time.monotonic() < self.deadline:
             sid = f"load-{index}-{generation}"
             generation += 1
-            if self.mode == "sidecar":
+            if self.mode == "sidecar":  # the others speak /generate
                 history: Any = [{"role": "system", "content": self.work.system_text},
                                 {"role": "user", "content": "Fix the failing test."}]
             else:
@@ -331,6 +378,32 @@ class Agents:
                 else:
                     history += reply + self.work.suffix_ids + self.work.tool_ids[tool]
                 await asyncio.sleep(rng.lognormvariate(math.log(self.cfg.think), 0.5))
+
+    async def open_idle(self, n: int, concurrency: int = 32) -> int:
+        """Open ``n`` sessions with one turn each (not counted) and leave them: the open sessions
+        the timed agents' turns run beside. Returns how many opened."""
+        if n <= 0:
+            return 0
+        ok = 0
+        gate = asyncio.Semaphore(concurrency)
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as http:
+
+            async def one(i: int) -> None:
+                nonlocal ok
+                sid, turn = f"idle-{i}", Turn(f"idle-{i}", 0, time.time())
+                async with gate:
+                    with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                        if self.mode == "sidecar":
+                            history = [{"role": "system", "content": self.work.system_text},
+                                       {"role": "user", "content": "Fix the failing test."}]
+                            reply = await self.chat(http, sid, history, turn)
+                        else:
+                            reply = await self.generate(http, sid, IdText(self.work.system_ids), turn)
+                        ok += reply is not None
+
+            await asyncio.gather(*(one(i) for i in range(n)))
+        return ok
 
     async def chat(self, http, sid, messages, turn: Turn):
         body = json.dumps({"model": LOAD_MODEL, "messages": messages, "tools": TOOLS, "stream": True,
@@ -490,7 +563,7 @@ def summarize_phase(cfg: LoadConfig, turns: list[Turn], stamps: dict[str, list],
         "sessions_started": len({t.session for t in turns}),
         "continued_turns": _continued(ok),
     }
-    for name in ("sidecar", "engine", "client"):
+    for name in ("sidecar", "bare", "smg", "engine", "client"):
         cpu = [row[f"{name}_cpu"] for row in series if f"{name}_cpu" in row]
         rss = [row[f"{name}_rss_mb"] for row in series if f"{name}_rss_mb" in row]
         if cpu:
@@ -572,6 +645,11 @@ async def run_phase(cfg: LoadConfig, work: Workload, mode: str, tokenizer_dir: s
         await _wait_http(engine_url + "/health", engine)
         watched = {"engine": engine.ps, "client": psutil.Process()}
         url = engine_url
+        if mode in ("bare", "smg"):
+            proxy, url = (start_bare if mode == "bare" else start_smg)(engine_url, sidecar_cpus)
+            procs.append(proxy)
+            await _wait_http(url + "/health", proxy)
+            watched[mode] = proxy.ps
         if mode == "sidecar":
             sidecar, url = start_sidecar(cfg, engine_url, tokenizer_dir, sidecar_cpus)
             procs.append(sidecar)
@@ -582,16 +660,19 @@ async def run_phase(cfg: LoadConfig, work: Workload, mode: str, tokenizer_dir: s
                                         "--output", cfg.profile, "--rate", "250", "--nonblocking", "--duration", str(int(cfg.ramp + cfg.duration))],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 procs.append(Proc.adopt("py-spy", spy))
+        agents = Agents(cfg, work, mode, url)
+        idle_opened = await agents.open_idle(cfg.idle_sessions)
+        if cfg.idle_sessions:
+            log(f"[{mode}] {idle_opened} of {cfg.idle_sessions} idle sessions opened")
         log(f"[{mode}] {cfg.sessions} agents for {cfg.duration:g} s against {url}")
         sampler = Sampler(watched)
-        agents = Agents(cfg, work, mode, url)
-        cpu_before = {k: p.cpu_times() for k, p in watched.items()}
+        cpu_before = {k: _cpu_seconds(p) for k, p in watched.items()}
         sampler.start()
         steady_from = time.time() + cfg.ramp
         await agents.run()
         window = (steady_from, steady_from + cfg.duration)
         await sampler.stop()
-        cpu_s = {k: round(sum(p.cpu_times()[:2]) - sum(cpu_before[k][:2]), 2) for k, p in watched.items()}
+        cpu_s = {k: round(_cpu_seconds(p) - cpu_before[k], 2) for k, p in watched.items()}
         stamps = await _stamps(engine_url)
         if mode == "sidecar":
             async with aiohttp.ClientSession() as http:
@@ -603,6 +684,9 @@ async def run_phase(cfg: LoadConfig, work: Workload, mode: str, tokenizer_dir: s
         summary["cpu_seconds"] = cpu_s
         if summary["turns_ok"]:
             summary["cpu_ms_per_turn"] = {k: round(v * 1000 / summary["turns_ok"], 3) for k, v in cpu_s.items()}
+        summary["idle_sessions_opened"] = idle_opened
+        if mode in PROXIES:
+            summary["proxy"] = mode
         if mode == "sidecar":
             summary["sidecar_sessions_remembered_at_end"] = sessions_left
         summary["pinned_cpus"] = {"sidecar": sidecar_cpus, "engine+client": other_cpus} if pinned else None
@@ -714,7 +798,9 @@ def markdown(result: dict[str, Any], command: str) -> str:
 @click.option("--tool-tokens", default=100, show_default=True)
 @click.option("--reply-pad-tokens", default=0, show_default=True, help="Extra words in each reply before its tool call.")
 @click.option("--pin/--no-pin", default=True, show_default=True, help="Pin the sidecar to its own CPU.")
-@click.option("--mode", type=click.Choice(["both", "direct", "sidecar"]), default="both", show_default=True)
+@click.option("--mode", type=click.Choice(["both", "direct", "sidecar", "bare", "smg"]), default="both", show_default=True,
+              help="both = direct then sidecar; bare / smg: the agents' /generate through a bare relay / smg.")
+@click.option("--idle-sessions", default=0, show_default=True, help="Sessions opened (one turn each) before the timed part, left open.")
 @click.option("--sidecar-arg", "sidecar_args", multiple=True, help="Extra flag for `sidecar serve` (repeatable).")
 @click.option("--tokenizer", "tokenizer_dir", default=None, help="Qwen3 tokenizer folder (default: built offline).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Write <name>.json and <name>.md here.")
@@ -723,11 +809,11 @@ def markdown(result: dict[str, Any], command: str) -> str:
 @click.option("--uvloop/--no-uvloop", "use_uvloop", default=False, show_default=True,
               help="Run the sidecar and the engine on uvloop (and the client too).")
 def main(sessions, duration, drain, ramp, token_delay, think, turns, system_tokens, tool_tokens, reply_pad_tokens, pin, mode,
-         sidecar_args, tokenizer_dir, out_dir, name, profile, use_uvloop):
+         idle_sessions, sidecar_args, tokenizer_dir, out_dir, name, profile, use_uvloop):
     """Bounded loopback load test of the sidecar in front of the SGLang stand-in."""
     cfg = LoadConfig(sessions=sessions, duration=duration, drain=drain, ramp=ramp, token_delay=token_delay, think=think,
                      turns=turns, system_tokens=system_tokens, tool_tokens=tool_tokens, reply_pad_tokens=reply_pad_tokens,
-                     pin=pin, sidecar_args=tuple(sidecar_args), profile=profile, uvloop=use_uvloop)
+                     pin=pin, sidecar_args=tuple(sidecar_args), profile=profile, uvloop=use_uvloop, idle_sessions=idle_sessions)
     modes = ("direct", "sidecar") if mode == "both" else (mode,)
     log = lambda msg: click.echo(msg, err=True)  # noqa: E731
     limit = len(modes) * (ramp + duration + drain + 180)

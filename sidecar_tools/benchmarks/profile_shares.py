@@ -30,7 +30,8 @@ GROUPS: list[tuple[str, Callable[[Stack], bool]]] = [
     ("chat template render (Jinja)", lambda s: _any(s, {"ChatRenderer._render", "ChatRenderer._head"})),
     ("body read, parse + validation", lambda s: _any(s, {"parse_chat_request", "BaseModel.model_validate"}, files={"body.py"})),
     ("session lookup + fingerprints",
-     lambda s: _any(s, {"SessionStore.resolve", "SessionRegistry.resolve", "fingerprints", "extend_fingerprint", "Message.to_template"})),
+     lambda s: _any(s, {"SessionStore.resolve", "SessionRegistry.resolve", "SessionStore.known_turn", "SessionStore.continue_turn",
+                        "fingerprints", "chain_fingerprint", "extend_fingerprint", "Message.to_template"})),
     ("policy (gap learning, lease, admission, session lifecycle)",
      lambda s: _any(s, files={"lease_policy.py", "predictor.py", "admission.py", "lifecycle.py", "distribution.py"})),
     ("remember the turn", lambda s: _any(s, {"Turn._record", "remember_turn"})),
@@ -60,12 +61,38 @@ def shares(profile_path: str) -> dict[str, float]:
     return {label: count[label] / total for label, _ in GROUPS} if total else {}
 
 
+def top_self(profile_path: str, n: int = 25) -> list[tuple[str, str, float]]:
+    """The ``n`` functions with the most self time: (function, file, share of the busy samples)."""
+    data = json.load(open(profile_path))
+    frames = data["shared"]["frames"]
+    prof = data["profiles"][0]
+    weights = prof.get("weights") or [1] * len(prof["samples"])
+    count: collections.Counter[int] = collections.Counter()
+    total = 0.0
+    for sample, weight in zip(prof["samples"], weights):
+        if not sample or "select" in frames[sample[-1]]["name"]:
+            continue
+        total += weight
+        count[sample[-1]] += weight
+    if not total:
+        return []
+    return [(frames[i]["name"], frames[i]["file"].rsplit("/", 1)[-1], w / total) for i, w in count.most_common(n)]
+
+
 def main(argv: list[str]) -> None:
+    top = 0
+    if len(argv) == 3 and argv[1] == "--top":
+        top = int(argv[2])
+        argv = argv[:1]
     if len(argv) != 1:
         raise SystemExit(__doc__)
     print("| | share of the sidecar's busy CPU |\n|---|---|")
     for label, share in shares(argv[0]).items():
         print(f"| {label} | {share * 100:.0f} % |")
+    if top:
+        print("\n| function (self time) | file | share of the busy CPU |\n|---|---|---|")
+        for name, file, share in top_self(argv[0], top):
+            print(f"| `{name}` | {file} | {share * 100:.1f} % |")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from array import array
 
 from sidecar.conversation.fingerprint import extend_fingerprint, fingerprints
 from sidecar.conversation.store import SessionStore, TurnState
+from sidecar.id_text import IdText
 from sidecar.engine.capacity import EngineCapacity
 from sidecar.metrics import SidecarMetrics
 from sidecar.policy import TurnEnd, build_policy
@@ -197,3 +198,45 @@ async def test_session_bytes_are_on_metrics(make_sidecar):
     text = await (await client.get("/metrics")).text()
     line = next(l for l in text.splitlines() if l.startswith("sidecar_session_bytes "))
     assert float(line.split()[1]) > 0
+
+
+def _record_via_resolution(store, messages, reply, ids, session_id="agent"):
+    res = store.resolve(messages, session_id)
+    state = res.next_state(reply, IdText(ids), 151645)
+    store.record_turn(res.session, state)
+    return res, state
+
+
+def test_a_named_session_is_continued_by_comparing_messages_not_hashing_them():
+    """``known_turn`` finds the same turn the fingerprints would, for a client that re-serializes
+    the reply's arguments, changes its call id and pads its text; any real change is no match."""
+    store = new_store()
+    _, state = _record_via_resolution(store, [SYSTEM, USER], REPLY, [1, 2, 3])
+    echoed = {**REPLY, "content": "  ", "tool_calls": [{"id": "x", "type": "function",
+                                                        "function": {"name": "bash", "arguments": '{ "cmd":"ls" }'}}]}
+    request = [SYSTEM, USER, echoed, TOOL]
+    assert store.known_turn(request, "agent") is state
+    res = store.continue_turn(request, "agent", "", state, extend_fingerprint(state.fingerprint, TOOL))
+    assert res.fingerprint == fingerprints(request)[-1]  # what hashing the whole history gives
+    assert (res.base, res.new_messages_from, res.is_new_session) == (store.resolve(request, "agent").base, 3, False)
+    for changed in ({**SYSTEM, "content": "you are another agent"}, {**USER, "name": "bob"},
+                    {**REPLY, "tool_calls": [{"function": {"name": "bash", "arguments": '{"cmd": "ls -l"}'}}]},
+                    {**REPLY, "tool_calls": []}):
+        at = {"system": 0, "user": 1, "assistant": 2}[changed["role"]]
+        edited = request[:at] + [changed] + request[at + 1 :]
+        assert store.known_turn(edited, "agent") is None
+        assert store.resolve(edited, "agent").base is None  # the fingerprints agree: a new branch
+    assert store.known_turn(request, "someone-else") is None
+
+
+def test_message_keys_are_counted_once_per_turn_in_the_session_bytes():
+    store = new_store()
+    first, state = _record_via_resolution(store, [SYSTEM, USER], REPLY, [1, 2, 3])
+    text = len(SYSTEM["content"]) + len(USER["content"]) + len('{"cmd": "ls"}')
+    assert state.text_bytes == text
+    request = [SYSTEM, USER, REPLY, TOOL]
+    res = store.continue_turn(request, "agent", "", state, extend_fingerprint(state.fingerprint, TOOL))
+    nxt = res.next_state({"role": "assistant", "content": "done"}, IdText([1, 2, 3, 4, 5]), 151645)
+    assert nxt.keys[:3] is not None and nxt.keys[:3] == state.keys  # shared with the turn it continued
+    assert nxt.keys[0] is state.keys[0]
+    assert nxt.text_bytes == len(TOOL["content"]) + len("done")  # only what this turn added

@@ -1,7 +1,10 @@
 """The answers' shapes: SSE frames built from a pre-serialized template are byte for byte the plain
-json.dumps frames; tool calls and reply messages are shaped as OpenAI's."""
+serialization of the whole chunk (compact UTF-8 JSON, as OpenAI streams it) and read back as the
+chunk; tool calls and reply messages are shaped as OpenAI's."""
 
 import json
+
+from pydantic_core import to_json
 
 from sidecar.generation.relay import GenerationResult
 from sidecar.generation.tool_parsers import ToolCall
@@ -9,7 +12,9 @@ from sidecar.openai.shapes import ChunkFrames, chunk, reply_message, tool_call, 
 
 
 def _plain(payload):
-    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+    frame = b"data: " + to_json(payload) + b"\n\n"
+    assert json.loads(frame[6:]) == payload  # what any client's JSON parser reads
+    return frame
 
 
 DELTAS = [

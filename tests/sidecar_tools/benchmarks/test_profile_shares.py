@@ -2,7 +2,7 @@
 
 import json
 
-from sidecar_tools.benchmarks.profile_shares import shares
+from sidecar_tools.benchmarks.profile_shares import shares, top_self
 
 
 def test_samples_go_to_the_first_matching_group_and_idle_is_dropped(tmp_path):
@@ -31,3 +31,5 @@ def test_samples_go_to_the_first_matching_group_and_idle_is_dropped(tmp_path):
     assert got["policy (gap learning, lease, admission, session lifecycle)"] == 1 / 5
     assert got["event loop, sockets, aiohttp outside the handler"] == 1 / 5
     assert abs(sum(got.values()) - 1) < 1e-9
+    # self time: the innermost frame of each busy sample, idle dropped
+    assert top_self(str(path), 2) == [("ChatRenderer._render", "chat_template.py", 2 / 5), ("TokenCodec.encode", "tokens.py", 1 / 5)]
