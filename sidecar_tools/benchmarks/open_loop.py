@@ -1,0 +1,126 @@
+"""Open-loop session arrivals: a seeded Poisson process of agent sessions, as a trace.
+
+A closed-loop replay (a fixed set of agents, all there from the start) measures how fast one batch
+drains; a service is sized by how many agents *arrive* per minute at a latency SLO. Here sessions
+arrive as a Poisson process at rate λ (sessions per minute) over ``arrival_window_s``; each one is
+drawn from a distribution (the reference preset's generator, or recorded sessions sampled with
+replacement). The result is an ordinary ``Trace`` whose ``start_s`` are the arrival times, so every
+existing replay (the simulator's ``VirtualReplay``, the GPU client ``benchmarks.replay``) plays it
+as it is: open loop needs no engine-side change.
+
+Common random numbers: the arrivals of rate λ are one unit-rate Poisson process's points scaled by
+60/λ, and arrival ``i`` is the same session at every rate. A higher λ compresses the same sessions
+into less time, so p99(λ) moves with the load, not with a new draw, and a bisection over λ sees a
+smooth curve instead of sampling noise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sidecar_tools.benchmarks.traces import Session, Trace, build_config, generate, load_jsonl
+
+REAL_TRACES_DIR = Path("benchmarks/results/real-traces")
+DEFAULT_REAL_TRACES = (
+    (str(REAL_TRACES_DIR / "tracelab-examples.jsonl"), 0.5),
+    (str(REAL_TRACES_DIR / "lmcache-miniswe.jsonl"), 0.5),
+)
+DISTRIBUTIONS = ("reference", "traces")
+# arrival streams of one seed: the unit-rate process, the choice of recorded sessions
+_ARRIVALS, _DRAWS = 0, 1
+
+
+def unit_poisson_points(horizon: float, seed: int) -> np.ndarray:
+    """The points of a unit-rate Poisson process on [0, horizon), seeded (the same prefix for any
+    horizon: the exponential gaps are drawn in blocks from one stream)."""
+    if horizon < 0:
+        raise ValueError(f"horizon must be >= 0, got {horizon}")
+    rng = np.random.default_rng([seed, _ARRIVALS])
+    points: list[float] = []
+    t = 0.0
+    while True:
+        gaps = rng.exponential(1.0, 256)
+        for g in gaps:
+            t += float(g)
+            if t >= horizon:
+                return np.array(points)
+            points.append(t)
+
+
+def poisson_arrivals(rate_per_min: float, window_s: float, seed: int) -> list[float]:
+    """Arrival times (s) in [0, window_s) of a Poisson process of ``rate_per_min`` sessions per minute."""
+    if not rate_per_min > 0:
+        raise ValueError(f"the arrival rate must be > 0 sessions per minute, got {rate_per_min}")
+    if not window_s > 0:
+        raise ValueError(f"the arrival window must be > 0 s, got {window_s}")
+    per_s = rate_per_min / 60.0
+    return [round(float(u) / per_s, 4) for u in unit_poisson_points(window_s * per_s, seed)]
+
+
+@dataclass(frozen=True)
+class RecordedPool:
+    """Recorded sessions to sample from with replacement: each arrival picks a source file by its
+    weight, then one of its sessions uniformly (so a file of 2 sessions weighs what a file of 20
+    does, when their weights are equal)."""
+
+    sources: tuple[tuple[str, float], ...] = DEFAULT_REAL_TRACES
+
+    def load(self) -> list[tuple[str, list[Session], float]]:
+        out = []
+        for path, weight in self.sources:
+            if not weight > 0:
+                raise ValueError(f"{path}: weight must be > 0, got {weight}")
+            trace = load_jsonl(_resolve(path))
+            if not trace.sessions:
+                raise ValueError(f"{path}: no sessions")
+            out.append((trace.name, trace.sessions, weight))
+        return out
+
+
+def _resolve(path: str) -> Path:
+    """A relative path from the working directory, else from the repository root (the defaults)."""
+    p = Path(path)
+    if p.is_absolute() or p.exists():
+        return p
+    in_repo = Path(__file__).resolve().parents[2] / p
+    return in_repo if in_repo.exists() else p
+
+
+def draw_sessions(dist: str, n: int, seed: int, pool: RecordedPool | None = None) -> tuple[list[Session], int, dict]:
+    """``n`` sessions of a distribution, arrival ``i`` the same for every ``n`` > i:
+    (sessions, shared prefix tokens, what was drawn from)."""
+    if dist == "reference":
+        config = build_config("reference", seed=seed, sessions=max(n, 1))
+        trace = generate(config)
+        return trace.sessions[:n], trace.shared_prefix_tokens, {"preset": "reference", "seed": seed}
+    if dist == "traces":
+        sources = (pool or RecordedPool()).load()
+        rng = np.random.default_rng([seed, _DRAWS])
+        weights = np.array([w for _, _, w in sources], dtype=float)
+        weights /= weights.sum()
+        sessions = []
+        for i in range(n):
+            name, pool_sessions, _ = sources[int(rng.choice(len(sources), p=weights))]
+            picked = pool_sessions[int(rng.integers(len(pool_sessions)))]
+            sessions.append(picked.model_copy(update={"session_id": f"a{i:04d}-{name}-{picked.session_id}"}))
+        drawn = {"sources": [{"trace": name, "sessions": len(s), "weight": w} for name, s, w in sources],
+                 "files": [p for p, _ in (pool or RecordedPool()).sources], "seed": seed,
+                 "sampling": "with replacement: a source by weight, then one of its sessions uniformly; recorded gaps"}
+        return sessions, 0, drawn  # the recordings share no system prompt (their shared_prefix_tokens is 0)
+    raise ValueError(f"unknown distribution {dist!r} (expected one of {', '.join(DISTRIBUTIONS)})")
+
+
+def open_loop_trace(dist: str, rate_per_min: float, arrival_window_s: float, seed: int = 2,
+                    pool: RecordedPool | None = None) -> Trace:
+    """Sessions of ``dist`` arriving as a Poisson process at ``rate_per_min`` over ``arrival_window_s``:
+    session ``i`` starts at the ``i``-th arrival. Seed 2 makes the first 24 reference arrivals the
+    reference preset's 24 sessions."""
+    arrivals = poisson_arrivals(rate_per_min, arrival_window_s, seed)
+    sessions, shared, drawn = draw_sessions(dist, len(arrivals), seed, pool)
+    timed = [s.model_copy(update={"start_s": t}) for s, t in zip(sessions, arrivals)]
+    meta = {"open_loop": {"distribution": dist, "rate_per_min": rate_per_min, "arrival_window_s": arrival_window_s,
+                          "seed": seed, "arrivals": len(arrivals), "drawn_from": drawn}}
+    return Trace(name=f"open-loop-{dist}-{rate_per_min:g}pm", shared_prefix_tokens=shared, sessions=timed, meta=meta)
