@@ -40,7 +40,9 @@ from typing import Any
 
 import click
 
-from sidecar_tools.benchmarks.capacity_slo import SLO, PointResult, Window, capacity_from_points, judge, search_capacity
+from sidecar_tools.benchmarks.capacity_slo import (
+    DEFAULT_WINDOWS, SLO, PointResult, Window, capacity_from_points, judge, search_capacity,
+)
 from sidecar_tools.benchmarks.open_loop import DEFAULT_REAL_TRACES, DISTRIBUTIONS, RecordedPool, open_loop_trace
 from sidecar_tools.benchmarks.records import TurnRecord
 from sidecar_tools.benchmarks.traces import Trace
@@ -148,10 +150,10 @@ def simulate_flags(engine: list[str], sidecar: list[str]) -> list[str]:
 # One point: a trace at one rate, run and judged
 
 
-def _ids(trace: Trace, salt: str = "") -> tuple[dict[str, float], dict[str, int]]:
-    """Session id as the records name it -> arrival time / planned turns."""
+def _ids(trace: Trace, salt: str = "") -> tuple[dict[str, int], dict[str, int]]:
+    """Session id as the records name it -> place in arrival order / planned turns."""
     suffix = f"-{salt}" if salt else ""
-    return ({s.session_id + suffix: s.start_s for s in trace.sessions},
+    return ({s.session_id + suffix: i for i, s in enumerate(trace.sessions)},
             {s.session_id + suffix: len(s.rounds) for s in trace.sessions})
 
 
@@ -187,7 +189,8 @@ def point_from_run(run: dict[str, Any], records: list[TurnRecord], trace: Trace,
     arrivals, planned = _ids(trace, salt)
     point = judge(records, arrivals, planned, rate, window, slo)
     s = run["summary"]
-    point.extra = {**extra, "makespan_s": s["makespan_s"], "recomputed_share": s.get("recomputed_share"),
+    point.extra = {**extra, "last_arrival_s": trace.sessions[-1].start_s,
+                   "time_limit_s": round(window.time_limit_s(trace.sessions[-1].start_s), 3), "makespan_s": s["makespan_s"], "recomputed_share": s.get("recomputed_share"),
                    "turns_failed": s["turns_failed"], "timed_out": s.get("timed_out"),
                    "sessions_unfinished": s.get("sessions_unfinished"), "ttft_p99_all_s": s.get("ttft_p99_s")}
     return point
@@ -232,7 +235,7 @@ def result_dict(points: list[dict[str, Any]], slo: SLO, window: Window, *, confi
         "bracket": found["bracket"],
         "bounded": found["bounded"],
         "config": config, "distribution": dist, "hicache_ratio": ratio,
-        "source": source,  # "simulator" or "gpu"
+        "source": source,  # "simulator", "gpu" (a URL), or what --source named
         "seed": seed,
         "deployment": {"about": CONFIGS[config].about if config in CONFIGS else None,
                        "sglang_flags": engine, "sidecar_flags": sidecar,
@@ -245,13 +248,15 @@ def result_dict(points: list[dict[str, Any]], slo: SLO, window: Window, *, confi
     return out
 
 
-def merge_points(path: Path, new: list[dict[str, Any]], slo: SLO, window: Window, seed: int) -> list[dict[str, Any]]:
-    """Points already saved at ``path`` (same SLO, window and seed), replaced by new ones at the same rate."""
+def merge_points(path: Path, new: list[dict[str, Any]], slo: SLO, window: Window, seed: int,
+                 source: str) -> list[dict[str, Any]]:
+    """Points already saved at ``path`` (same SLO, window, seed and source), replaced by new ones at the same rate."""
     if not path.exists():
         return new
     old = json.loads(path.read_text())
-    if old.get("slo") != slo.to_dict(window) or old.get("seed") != seed:
-        raise click.ClickException(f"{path} holds points of another SLO, window or seed: use another --out or remove it")
+    if old.get("slo") != slo.to_dict(window) or old.get("seed") != seed or old.get("source") != source:
+        raise click.ClickException(f"{path} holds points of another SLO, window, seed or source "
+                                   f"({old.get('source')}): use another --out or remove it")
     rates = {p["rate_per_min"] for p in new}
     return [p for p in old["points"] if p["rate_per_min"] not in rates] + new
 
@@ -275,12 +280,18 @@ def _common(f):
                      help=f"--dist traces: a recorded trace to sample (repeatable; default: "
                           f"{', '.join(f'{p}={w:g}' for p, w in DEFAULT_REAL_TRACES)})."),
         click.option("--seed", type=int, default=2, show_default=True, help="Arrivals and session draws."),
-        click.option("--warmup", type=float, default=Window.warmup_s, show_default=True, help="s before the measured arrivals."),
-        click.option("--measure", type=float, default=Window.measure_s, show_default=True, help="s of measured arrivals."),
-        click.option("--cooldown", type=float, default=Window.cooldown_s, show_default=True,
-                     help="s of arrivals after the measured ones (load while they finish)."),
-        click.option("--drain", type=float, default=Window.drain_s, show_default=True,
-                     help="s after the last arrival before the run is cut."),
+        click.option("--warmup", type=int, default=None,
+                     help="Sessions arriving before the measured ones (default: the distribution's, "
+                          + ", ".join(f"{d} {w.warmup}" for d, w in DEFAULT_WINDOWS.items()) + ")."),
+        click.option("--measure", type=int, default=None,
+                     help="Measured sessions (default: " + ", ".join(f"{d} {w.measure}" for d, w in DEFAULT_WINDOWS.items())
+                          + ")."),
+        click.option("--cooldown", type=int, default=None,
+                     help="Sessions arriving after the measured ones, load while they finish (default: "
+                          + ", ".join(f"{d} {w.cooldown}" for d, w in DEFAULT_WINDOWS.items()) + ")."),
+        click.option("--drain", type=float, default=None,
+                     help="s after the last arrival before the run is cut (default: "
+                          + ", ".join(f"{d} {w.drain_s:g}" for d, w in DEFAULT_WINDOWS.items()) + ")."),
         click.option("--later-p99", type=float, default=SLO.later_turn_ttft_p99_s, show_default=True,
                      help="SLO: later-turn TTFT p99 (s)."),
         click.option("--first-p99", type=float, default=SLO.first_turn_ttft_p99_s, show_default=True,
@@ -307,8 +318,12 @@ class _Setup:
 
 
 def _setup(kw: dict[str, Any]) -> _Setup:
+    base = DEFAULT_WINDOWS[kw["dist"]]
     try:
-        window = Window(kw["warmup"], kw["measure"], kw["cooldown"], kw["drain"])
+        window = Window(base.warmup if kw["warmup"] is None else kw["warmup"],
+                        base.measure if kw["measure"] is None else kw["measure"],
+                        base.cooldown if kw["cooldown"] is None else kw["cooldown"],
+                        base.drain_s if kw["drain"] is None else kw["drain"])
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     sources = []
@@ -327,7 +342,7 @@ def _setup(kw: dict[str, Any]) -> _Setup:
 
 def _trace(setup: _Setup, rate: float) -> Trace:
     try:
-        return open_loop_trace(setup.dist, rate, setup.window.arrival_window_s, setup.seed, setup.pool)
+        return open_loop_trace(setup.dist, rate, setup.window.sessions, setup.seed, setup.pool)
     except (ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -349,11 +364,15 @@ def _command(ctx: click.Context) -> str:
     return shlex.join(parts)
 
 
+def _limit(setup: _Setup, trace: Trace) -> float:
+    return round(setup.window.time_limit_s(trace.sessions[-1].start_s), 3)
+
+
 def _sim_point(setup: _Setup, rate: float, flags: list[str]) -> PointResult:
     trace = _trace(setup, rate)
     t0 = time.monotonic()
     try:
-        run, records = simulate_run(trace, flags, setup.window.time_limit_s)
+        run, records = simulate_run(trace, flags, _limit(setup, trace))
     except click.ClickException as exc:
         raise click.ClickException(f"λ {rate:g}/min: {exc.message}") from None
     return point_from_run(run, records, trace, rate, setup.window, setup.slo, engine="simulator",
@@ -427,17 +446,21 @@ def search_cmd(ctx: click.Context, start: float, tolerance: float, factor: float
               help="--url: the client protocol (benchmarks.replay's).")
 @click.option("--tokenizer", default=None, help="--url: tokenizer folder that sizes the texts exactly.")
 @click.option("--request-timeout", type=float, default=300.0, show_default=True, help="--url: one request's limit (s).")
+@click.option("--source", "source_label", default=None,
+              help="What ran the points, recorded as source (default: gpu with --url, simulator without; "
+                   "e.g. sim-serve for a dry run against the simulator's HTTP server).")
 @click.option("--save-runs/--no-save-runs", default=None,
               help="Also save each rate's run JSON + per-turn CSV (default: with --url).")
 @click.pass_context
 def run_cmd(ctx: click.Context, rates: tuple[float, ...], url: str | None, engine_url: str | None, mode: str,
-            tokenizer: str | None, request_timeout: float, save_runs: bool | None, **kw: Any) -> None:
+            tokenizer: str | None, request_timeout: float, source_label: str | None, save_runs: bool | None,
+            **kw: Any) -> None:
     """Given rates, in the simulator or against --url; points merge into capacity-CONFIG-DIST-rR.json."""
     from sidecar_tools.benchmarks.records import save_run
     from sidecar_tools.progress import progress_bar
 
     setup = _setup(kw)
-    source = "gpu" if url else "simulator"
+    source = source_label or ("gpu" if url else "simulator")
     flags = None
     if url is None:
         try:
@@ -455,11 +478,11 @@ def run_cmd(ctx: click.Context, rates: tuple[float, ...], url: str | None, engin
         salt = f"{name}-{rate:g}-{int(time.time())}" if url else ""
         if url:
             with progress_bar(sum(len(s.rounds) for s in trace.sessions), f"{name} λ {rate:g}") as bar:
-                run, records = url_run(trace, url, engine_url, mode, tokenizer, setup.window.time_limit_s, salt,
+                run, records = url_run(trace, url, engine_url, mode, tokenizer, _limit(setup, trace), salt,
                                        request_timeout, on_turn=lambda rec: bar.update())
         else:
             try:
-                run, records = simulate_run(trace, flags, setup.window.time_limit_s)
+                run, records = simulate_run(trace, flags, _limit(setup, trace))
             except click.ClickException as exc:
                 raise click.ClickException(f"λ {rate:g}/min: {exc.message}") from None
         point = point_from_run(run, records, trace, rate, setup.window, setup.slo, salt=salt, engine=source,
@@ -473,7 +496,7 @@ def run_cmd(ctx: click.Context, rates: tuple[float, ...], url: str | None, engin
         click.echo(f"{name} ({source}): {describe(point)}")
     setup.out.mkdir(parents=True, exist_ok=True)
     path = setup.out / f"{name}.json"
-    merged = merge_points(path, points, setup.slo, setup.window, setup.seed)
+    merged = merge_points(path, points, setup.slo, setup.window, setup.seed, source)
     result = result_dict(merged, setup.slo, setup.window, config=setup.config, dist=setup.dist, ratio=setup.ratio,
                          source=source, seed=setup.seed, engine=setup.engine, sidecar=setup.sidecar,
                          command=_command(ctx))

@@ -2,10 +2,11 @@
 arrival rate that meets it. Pure functions of turn records and rates (no engine, no HTTP), so the
 simulator and the GPU driver judge a run by the same code.
 
-Steady window. Sessions arrive over warm-up + measure + cool-down; only those that arrive in the
-measure window count. Warm-up lets the system fill (the first sessions see an empty engine);
-cool-down keeps sessions arriving while the measured ones run, so the last measured sessions do
-not finish in an emptying system (the drain); the run then has ``drain_s`` more for them to end.
+Steady window. A run has warm-up + measure + cool-down arrivals; only the measured ones (the
+middle of the arrival order) count. Warm-up lets the system fill (the first sessions see an empty
+engine); cool-down keeps sessions arriving while the measured ones run, so the last measured
+sessions do not finish in an emptying system (the drain); the run is cut ``drain_s`` after the
+last arrival.
 
 SLO. Over the measured sessions: TTFT p99 of later turns (turn >= 1) <= 2 s and of first turns
 (turn 0; TTFT runs from the request's send, so a wait at the sidecar's admission door is inside it)
@@ -28,34 +29,44 @@ PERCENTILE = 99.0
 
 @dataclass(frozen=True)
 class Window:
-    """Seconds after the run's start: arrivals over [0, warmup + measure + cooldown), the measured
-    sessions those arriving in [warmup, warmup + measure), the run cut at ``time_limit_s``."""
+    """Counted in arrivals, in arrival order: the first ``warmup`` sessions fill the system, the
+    next ``measure`` are measured, ``cooldown`` more keep arriving while those run; the run is cut
+    ``drain_s`` after the last arrival. In sessions, not seconds, so that every rate measures the
+    same sessions (``open_loop``'s common random numbers)."""
 
-    warmup_s: float = 60.0
-    measure_s: float = 120.0
-    cooldown_s: float = 60.0
+    warmup: int = 20
+    measure: int = 40
+    cooldown: int = 20
     drain_s: float = 120.0
 
     def __post_init__(self) -> None:
-        for name in ("warmup_s", "cooldown_s", "drain_s"):
+        for name in ("warmup", "cooldown"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not self.measure_s > 0:
-            raise ValueError(f"measure_s must be > 0, got {self.measure_s}")
+                raise ValueError(f"{name} must be >= 0 sessions, got {getattr(self, name)}")
+        if self.measure < 1:
+            raise ValueError(f"measure must be >= 1 session, got {self.measure}")
+        if self.drain_s < 0:
+            raise ValueError(f"drain_s must be >= 0, got {self.drain_s}")
 
     @property
-    def arrival_window_s(self) -> float:
-        return self.warmup_s + self.measure_s + self.cooldown_s
+    def sessions(self) -> int:
+        return self.warmup + self.measure + self.cooldown
 
-    @property
-    def time_limit_s(self) -> float:
-        return self.arrival_window_s + self.drain_s
+    def measured(self, index: int) -> bool:
+        return self.warmup <= index < self.warmup + self.measure
 
-    def measured(self, arrival_s: float) -> bool:
-        return self.warmup_s <= arrival_s < self.warmup_s + self.measure_s
+    def time_limit_s(self, last_arrival_s: float) -> float:
+        return last_arrival_s + self.drain_s
 
-    def to_dict(self) -> dict[str, float]:
-        return {**asdict(self), "arrival_window_s": self.arrival_window_s, "time_limit_s": self.time_limit_s}
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "sessions": self.sessions, "unit": "arrivals, in arrival order",
+                "time_limit": "the last arrival + drain_s"}
+
+
+# Per distribution: warm-up and cool-down about the concurrency at the knee (arrival rate x session
+# duration: ~20 reference agents of ~40 s at ~30/min, ~6 recorded sessions of ~30-120 s at ~6/min),
+# as many measured as a GPU point can afford (the traces' 16 take ~160 s of arrivals at 6/min).
+DEFAULT_WINDOWS = {"reference": Window(20, 40, 20, 120.0), "traces": Window(6, 16, 6, 150.0)}
 
 
 @dataclass(frozen=True)
@@ -67,7 +78,7 @@ class SLO:
         return {
             **asdict(self), "percentile": PERCENTILE,
             "first_turn_includes_door_wait": True,
-            "measured_sessions": "those arriving in [warmup_s, warmup_s + measure_s)",
+            "measured_sessions": "arrivals warmup .. warmup + measure - 1 (0-based, in arrival order)",
             "missing_turns": "a planned turn of a measured session without a first token (failed, 429, cut at "
                              "time_limit_s) counts as an infinite TTFT",
             "window": window.to_dict(),
@@ -115,11 +126,11 @@ class PointResult:
         return {**d, **extra}
 
 
-def judge(records: list[TurnRecord], arrivals: dict[str, float], planned_turns: dict[str, int], rate_per_min: float,
+def judge(records: list[TurnRecord], arrivals: dict[str, int], planned_turns: dict[str, int], rate_per_min: float,
           window: Window, slo: SLO) -> PointResult:
     """The SLO verdict of one run. ``arrivals``/``planned_turns``: each session id (as in the
-    records) -> its arrival time / number of turns."""
-    measured = {sid for sid, t in arrivals.items() if window.measured(t)}
+    records) -> its place in arrival order (0-based) / number of turns."""
+    measured = {sid for sid, i in arrivals.items() if window.measured(i)}
     got: dict[tuple[str, int], float] = {}
     for r in records:
         if r.session in measured and r.ok and r.ttft_s is not None:

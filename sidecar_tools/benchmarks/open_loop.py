@@ -2,16 +2,17 @@
 
 A closed-loop replay (a fixed set of agents, all there from the start) measures how fast one batch
 drains; a service is sized by how many agents *arrive* per minute at a latency SLO. Here sessions
-arrive as a Poisson process at rate λ (sessions per minute) over ``arrival_window_s``; each one is
+arrive as a Poisson process at rate λ (sessions per minute); each one is
 drawn from a distribution (the reference preset's generator, or recorded sessions sampled with
 replacement). The result is an ordinary ``Trace`` whose ``start_s`` are the arrival times, so every
 existing replay (the simulator's ``VirtualReplay``, the GPU client ``benchmarks.replay``) plays it
 as it is: open loop needs no engine-side change.
 
 Common random numbers: the arrivals of rate λ are one unit-rate Poisson process's points scaled by
-60/λ, and arrival ``i`` is the same session at every rate. A higher λ compresses the same sessions
-into less time, so p99(λ) moves with the load, not with a new draw, and a bisection over λ sees a
-smooth curve instead of sampling noise.
+60/λ, and arrival ``i`` is the same session at every rate. A run has a fixed number of arrivals
+(the window is counted in sessions, ``capacity_slo.Window``), so a higher λ compresses the very same
+sessions into less time: p99(λ) moves with the load, not with which sessions happened to land in
+a window of seconds, and a bisection over λ sees a smooth curve instead of sampling noise.
 """
 
 from __future__ import annotations
@@ -33,31 +34,42 @@ DISTRIBUTIONS = ("reference", "traces")
 _ARRIVALS, _DRAWS = 0, 1
 
 
-def unit_poisson_points(horizon: float, seed: int) -> np.ndarray:
-    """The points of a unit-rate Poisson process on [0, horizon), seeded (the same prefix for any
-    horizon: the exponential gaps are drawn in blocks from one stream)."""
-    if horizon < 0:
-        raise ValueError(f"horizon must be >= 0, got {horizon}")
+def _unit_points(seed: int):
+    """The points of a unit-rate Poisson process, in order, seeded (one stream of exponential gaps)."""
     rng = np.random.default_rng([seed, _ARRIVALS])
-    points: list[float] = []
     t = 0.0
     while True:
-        gaps = rng.exponential(1.0, 256)
-        for g in gaps:
+        for g in rng.exponential(1.0, 256):
             t += float(g)
-            if t >= horizon:
-                return np.array(points)
-            points.append(t)
+            yield t
+
+
+def _check_rate(rate_per_min: float) -> float:
+    if not rate_per_min > 0:
+        raise ValueError(f"the arrival rate must be > 0 sessions per minute, got {rate_per_min}")
+    return rate_per_min / 60.0
 
 
 def poisson_arrivals(rate_per_min: float, window_s: float, seed: int) -> list[float]:
     """Arrival times (s) in [0, window_s) of a Poisson process of ``rate_per_min`` sessions per minute."""
-    if not rate_per_min > 0:
-        raise ValueError(f"the arrival rate must be > 0 sessions per minute, got {rate_per_min}")
+    per_s = _check_rate(rate_per_min)
     if not window_s > 0:
         raise ValueError(f"the arrival window must be > 0 s, got {window_s}")
-    per_s = rate_per_min / 60.0
-    return [round(float(u) / per_s, 4) for u in unit_poisson_points(window_s * per_s, seed)]
+    out = []
+    for u in _unit_points(seed):
+        if u / per_s >= window_s:
+            return out
+        out.append(round(u / per_s, 4))
+
+
+def first_arrivals(rate_per_min: float, n: int, seed: int) -> list[float]:
+    """The first ``n`` arrival times (s) of the same process: arrival ``i`` of rate λ is the unit
+    process's point ``i`` x 60/λ, so every rate has the same sessions, in the same order."""
+    per_s = _check_rate(rate_per_min)
+    if n < 1:
+        raise ValueError(f"need at least one arrival, got {n}")
+    points = _unit_points(seed)
+    return [round(next(points) / per_s, 4) for _ in range(n)]
 
 
 @dataclass(frozen=True)
@@ -113,14 +125,14 @@ def draw_sessions(dist: str, n: int, seed: int, pool: RecordedPool | None = None
     raise ValueError(f"unknown distribution {dist!r} (expected one of {', '.join(DISTRIBUTIONS)})")
 
 
-def open_loop_trace(dist: str, rate_per_min: float, arrival_window_s: float, seed: int = 2,
+def open_loop_trace(dist: str, rate_per_min: float, sessions: int, seed: int = 2,
                     pool: RecordedPool | None = None) -> Trace:
-    """Sessions of ``dist`` arriving as a Poisson process at ``rate_per_min`` over ``arrival_window_s``:
-    session ``i`` starts at the ``i``-th arrival. Seed 2 makes the first 24 reference arrivals the
-    reference preset's 24 sessions."""
-    arrivals = poisson_arrivals(rate_per_min, arrival_window_s, seed)
-    sessions, shared, drawn = draw_sessions(dist, len(arrivals), seed, pool)
-    timed = [s.model_copy(update={"start_s": t}) for s, t in zip(sessions, arrivals)]
-    meta = {"open_loop": {"distribution": dist, "rate_per_min": rate_per_min, "arrival_window_s": arrival_window_s,
-                          "seed": seed, "arrivals": len(arrivals), "drawn_from": drawn}}
+    """``sessions`` sessions of ``dist`` arriving as a Poisson process at ``rate_per_min``: session
+    ``i`` starts at the ``i``-th arrival. Seed 2 makes the first 24 reference arrivals the reference
+    preset's 24 sessions."""
+    arrivals = first_arrivals(rate_per_min, sessions, seed)
+    drawn_sessions, shared, drawn = draw_sessions(dist, sessions, seed, pool)
+    timed = [s.model_copy(update={"start_s": t}) for s, t in zip(drawn_sessions, arrivals)]
+    meta = {"open_loop": {"distribution": dist, "rate_per_min": rate_per_min, "sessions": sessions,
+                          "seed": seed, "last_arrival_s": arrivals[-1], "drawn_from": drawn}}
     return Trace(name=f"open-loop-{dist}-{rate_per_min:g}pm", shared_prefix_tokens=shared, sessions=timed, meta=meta)

@@ -15,7 +15,7 @@ from sidecar_tools.benchmarks.capacity_report import find_results, table
 from sidecar_tools.benchmarks.capacity_slo import (
     SLO, Window, capacity_from_points, judge, percentile, search_capacity,
 )
-from sidecar_tools.benchmarks.open_loop import RecordedPool, open_loop_trace, poisson_arrivals
+from sidecar_tools.benchmarks.open_loop import RecordedPool, first_arrivals, open_loop_trace, poisson_arrivals
 from sidecar_tools.benchmarks.records import TurnRecord
 from sidecar_tools.benchmarks.traces import PRESETS, Round, Session, Trace, generate, load_jsonl, save_jsonl
 
@@ -45,18 +45,22 @@ def test_the_same_seed_gives_the_same_arrivals_and_rates_share_them():
     assert poisson_arrivals(10, 300, 4) != poisson_arrivals(10, 300, 5)
     slow, fast = poisson_arrivals(10, 300, 4), poisson_arrivals(20, 150, 4)
     assert fast == pytest.approx([t / 2 for t in slow], abs=1e-3)  # twice the rate: the same points, twice as dense
+    assert first_arrivals(10, len(slow), 4) == slow  # a run of n arrivals: the process's first n points
+    assert first_arrivals(20, 700, 4)[:len(fast)] == fast  # past the first block of drawn gaps too
 
 
 @pytest.mark.parametrize("rate,window", [(0, 60), (-1, 60), (10, 0)])
 def test_a_rate_or_window_that_is_not_positive_is_refused(rate, window):
     with pytest.raises(ValueError):
         poisson_arrivals(rate, window, 0)
+    with pytest.raises(ValueError):
+        first_arrivals(rate if rate <= 0 else 10, 0 if rate > 0 else 5, 0)
 
 
 def test_reference_sessions_arrive_at_the_poisson_times_and_are_the_presets_own():
-    trace = open_loop_trace("reference", 30, 120, seed=2)
-    assert [s.start_s for s in trace.sessions] == poisson_arrivals(30, 120, 2)
-    assert len(trace.sessions) > 24
+    trace = open_loop_trace("reference", 30, 40, seed=2)
+    assert [s.start_s for s in trace.sessions] == first_arrivals(30, 40, 2)
+    assert len(trace.sessions) == 40
     preset = generate(PRESETS["reference"])  # seed 2: arrival i < 24 is the preset's session i
     assert [s.rounds for s in trace.sessions[:24]] == [s.rounds for s in preset.sessions]
     assert trace.shared_prefix_tokens == 3000
@@ -75,7 +79,7 @@ def test_recorded_sessions_are_sampled_with_replacement_by_source_weight(tmp_pat
     a = _tiny_trace(tmp_path / "a.jsonl", "a", 2)
     b = _tiny_trace(tmp_path / "b.jsonl", "b", 10, rounds=3)
     pool = RecordedPool(((str(a), 1.0), (str(b), 3.0)))
-    trace = open_loop_trace("traces", 120, 600, seed=1, pool=pool)  # ~1200 arrivals
+    trace = open_loop_trace("traces", 120, 1200, seed=1, pool=pool)
     n = len(trace.sessions)
     from_a = [s for s in trace.sessions if "-a-" in s.session_id]
     assert len(from_a) / n == pytest.approx(0.25, abs=0.04)
@@ -87,7 +91,7 @@ def test_recorded_sessions_are_sampled_with_replacement_by_source_weight(tmp_pat
 
 
 def test_the_default_pool_is_the_committed_real_traces():
-    trace = open_loop_trace("traces", 60, 120, seed=2)
+    trace = open_loop_trace("traces", 60, 8, seed=2)
     sources = {s["trace"] for s in trace.meta["open_loop"]["drawn_from"]["sources"]}
     assert sources == {"tracelab-examples", "lmcache-miniswe"}
     assert trace.shared_prefix_tokens == 0 and trace.sessions
@@ -100,13 +104,13 @@ def _records(session, ttfts, ok=True):
     return [TurnRecord(session=session, turn=k, ttft_s=t, ok=ok) for k, t in enumerate(ttfts)]
 
 
-WINDOW = Window(warmup_s=10, measure_s=20, cooldown_s=10, drain_s=30)
+WINDOW = Window(warmup=2, measure=3, cooldown=2, drain_s=30)
 
 
 def test_the_window_counts_only_sessions_arriving_in_the_steady_part():
-    assert WINDOW.arrival_window_s == 40 and WINDOW.time_limit_s == 70
-    assert [WINDOW.measured(t) for t in (0, 9.99, 10, 29.99, 30, 39)] == [False, False, True, True, False, False]
-    arrivals = {"warm": 2.0, "m1": 12.0, "m2": 25.0, "cool": 31.0}
+    assert WINDOW.sessions == 7 and WINDOW.time_limit_s(100.0) == 130.0
+    assert [WINDOW.measured(i) for i in range(7)] == [False, False, True, True, True, False, False]
+    arrivals = {"warm": 0, "m1": 2, "m2": 4, "cool": 5}
     planned = dict.fromkeys(arrivals, 3)
     records = (_records("warm", [50, 50, 50]) + _records("m1", [0.5, 0.1, 0.2]) + _records("m2", [0.4, 0.3, 0.1])
                + _records("cool", [50, 50, 50]))
@@ -115,6 +119,8 @@ def test_the_window_counts_only_sessions_arriving_in_the_steady_part():
     assert (point.sessions_arrived, point.sessions_measured, point.turns_measured, point.turns_missing) == (4, 2, 6, 0)
     assert point.first_turn_ttft_p99_s == pytest.approx(np.percentile([0.5, 0.4], 99))
     assert point.later_turn_ttft_p99_s == pytest.approx(np.percentile([0.1, 0.2, 0.3, 0.1], 99))
+    with pytest.raises(ValueError):
+        Window(warmup=1, measure=0)
 
 
 @pytest.mark.parametrize("later,first,meets", [
@@ -123,29 +129,30 @@ def test_the_window_counts_only_sessions_arriving_in_the_steady_part():
     (0.5, 10.5, False),    # first turn (door wait included in its TTFT) too slow
 ])
 def test_the_slo_has_a_later_turn_and_a_first_turn_limit(later, first, meets):
-    arrivals = {f"s{i}": 15.0 for i in range(3)}
+    arrivals = {f"s{i}": 2 + i for i in range(3)}
     records = [r for i in range(3) for r in _records(f"s{i}", [first, later, later])]
     point = judge(records, arrivals, dict.fromkeys(arrivals, 3), 6.0, WINDOW, SLO(2.0, 10.0))
     assert point.meets_slo is meets
 
 
 def test_a_measured_turn_that_never_got_a_first_token_misses_the_slo():
-    arrivals = {f"s{i}": 15.0 for i in range(10)}
+    window = Window(warmup=0, measure=10, cooldown=0)
+    arrivals = {f"s{i}": i for i in range(10)}
     planned = dict.fromkeys(arrivals, 11)
     records = [r for i in range(10) for r in _records(f"s{i}", [0.1] * 11)]
-    assert judge(records, arrivals, planned, 6.0, WINDOW, SLO()).meets_slo
+    assert judge(records, arrivals, planned, 6.0, window, SLO()).meets_slo
     failed = [r for r in records if not (r.session == "s0" and r.turn == 5)]
     failed.append(TurnRecord(session="s0", turn=5, ttft_s=None, ok=False, error="http 429: admission queue full"))
     cut = [r for r in records if not (r.session == "s1" and r.turn >= 9)]  # cut at the time limit: never sent
     for recs, missing in ((failed, 1), (cut, 2)):
-        point = judge(recs, arrivals, planned, 6.0, WINDOW, SLO())
+        point = judge(recs, arrivals, planned, 6.0, window, SLO())
         assert point.turns_missing == missing
         assert point.later_turn_ttft_p99_s == math.inf and not point.meets_slo
         assert point.to_dict()["later_turn_ttft_p99_s"] is None  # JSON has no infinity
 
 
 def test_no_measured_session_is_no_verdict_of_success():
-    point = judge(_records("a", [0.1, 0.1]), {"a": 1.0}, {"a": 2}, 6.0, WINDOW, SLO())
+    point = judge(_records("a", [0.1, 0.1]), {"a": 0}, {"a": 2}, 6.0, WINDOW, SLO())
     assert point.sessions_measured == 0 and not point.meets_slo
 
 
@@ -231,7 +238,7 @@ def test_the_flags_command_prints_what_the_gpu_script_starts():
 
 # ------------------------------------------------------------------------------- end to end
 
-TINY = ["--warmup", "1", "--measure", "4", "--cooldown", "1", "--drain", "20"]
+TINY = ["--warmup", "1", "--measure", "3", "--cooldown", "1", "--drain", "20"]
 
 
 def _check_shape(result, source):
@@ -239,12 +246,12 @@ def _check_shape(result, source):
                            "hicache_ratio", "source", "seed", "deployment", "command"}
     assert result["source"] == source
     assert result["slo"]["later_turn_ttft_p99_s"] == 2.0 and result["slo"]["first_turn_ttft_p99_s"] == 10.0
-    assert result["slo"]["window"] == {"warmup_s": 1.0, "measure_s": 4.0, "cooldown_s": 1.0, "drain_s": 20.0,
-                                       "arrival_window_s": 6.0, "time_limit_s": 26.0}
+    assert result["slo"]["window"] == {"warmup": 1, "measure": 3, "cooldown": 1, "drain_s": 20.0, "sessions": 5,
+                                       "unit": "arrivals, in arrival order", "time_limit": "the last arrival + drain_s"}
     for p in result["points"]:
         assert {"rate_per_min", "meets_slo", "later_turn_ttft_p99_s", "first_turn_ttft_p99_s", "sessions_measured",
                 "sessions_arrived", "turns_missing", "engine"} <= set(p)
-        assert p["engine"] == source
+        assert p["engine"] == source and p["sessions_arrived"] == 5 and p["sessions_measured"] == 3
 
 
 def test_search_in_the_simulator_writes_the_capacity_json(tmp_path):
@@ -283,4 +290,4 @@ def test_run_against_a_url_uses_the_same_driver_and_merges_points(tmp_path, sgla
         sum(json.loads((out / f"capacity-product-traces-r1-at-{r}.json").read_text())["summary"]["sessions"]
             for r in ("40", "90"))  # every arrival its own session at the engine, salted per run
     res = CliRunner().invoke(capacity, [*args, "--rate", "40", "--seed", "3"])
-    assert res.exit_code != 0 and "another SLO, window or seed" in res.output
+    assert res.exit_code != 0 and "another SLO, window, seed or source" in res.output
