@@ -5,7 +5,7 @@
 #
 #   bash benchmarks/capacity_gpu.sh OUT_DIR CONFIG DIST RATIO RATE [RATE ...]
 #     CONFIG hicache|product   DIST reference|traces   RATIO SGLang's --hicache-ratio   RATE sessions/min
-#   e.g. bash benchmarks/capacity_gpu.sh /tmp/res product traces 1 6 7.5     (the simulator's capacity and one above)
+#   e.g. bash benchmarks/capacity_gpu.sh /tmp/res product traces 1 14 16    (the simulator's capacity and one above)
 #
 # SGLang starts once with the configuration's flags (`capacity flags --part engine`: --max-total-tokens
 # 173200, --enable-hierarchical-cache --hicache-ratio RATIO, the config's policy; the traces get

@@ -8,7 +8,7 @@ trace and the same verdict serve both engines:
     # the simulator: bisection for the largest λ that meets the SLO (a capacity-CONFIG-DIST-rR.json)
     sglang-sidecar capacity search --config product --dist traces --hicache-ratio 1 --out DIR
     # given rates in the simulator, or against a URL (the sidecar in front of real SGLang): the knee
-    sglang-sidecar capacity run --config product --dist traces --hicache-ratio 1 --rate 6 --rate 7.5 \\
+    sglang-sidecar capacity run --config product --dist traces --hicache-ratio 1 --rate 14 --rate 16 \\
         --url http://127.0.0.1:8000 --engine-url http://127.0.0.1:30000 --tokenizer DIR --out DIR
     # the flags a configuration starts SGLang / the sidecar with (benchmarks/capacity_gpu.sh)
     sglang-sidecar capacity flags --config product --hicache-ratio 1 --dist traces --part engine
@@ -278,7 +278,8 @@ def _common(f):
         click.option("--sidecar-flags", default=None, help="Replace the configuration's sidecar flags (one string)."),
         click.option("--trace-file", "trace_files", multiple=True, metavar="FILE[=WEIGHT]",
                      help=f"--dist traces: a recorded trace to sample (repeatable; default: "
-                          f"{', '.join(f'{p}={w:g}' for p, w in DEFAULT_REAL_TRACES)})."),
+                          f"{', '.join(p for p, _ in DEFAULT_REAL_TRACES)}, each session equally likely; "
+                          f"FILE alone weighs its number of sessions)."),
         click.option("--seed", type=int, default=2, show_default=True, help="Arrivals and session draws."),
         click.option("--warmup", type=int, default=None,
                      help="Sessions arriving before the measured ones (default: the distribution's, "
@@ -328,9 +329,9 @@ def _setup(kw: dict[str, Any]) -> _Setup:
         raise click.BadParameter(str(exc)) from None
     sources = []
     for spec in kw["trace_files"]:
-        path, sep, weight = spec.rpartition("=") if "=" in spec else (spec, "", "1")
+        path, _, weight = spec.rpartition("=") if "=" in spec else (spec, "", "")
         try:
-            sources.append((path, float(weight)))
+            sources.append((path, float(weight) if weight else None))
         except ValueError:
             raise click.BadParameter(f"expected FILE or FILE=WEIGHT, got {spec!r}", param_hint="--trace-file") from None
     engine = engine_flags(kw["config"], kw["ratio"], kw["dist"], kw["kv_tokens"],

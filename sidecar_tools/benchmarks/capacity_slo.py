@@ -64,9 +64,9 @@ class Window:
 
 
 # Per distribution: warm-up and cool-down about the concurrency at the knee (arrival rate x session
-# duration: ~20 reference agents of ~40 s at ~30/min, ~6 recorded sessions of ~30-120 s at ~6/min),
-# as many measured as a GPU point can afford (the traces' 16 take ~160 s of arrivals at 6/min).
-DEFAULT_WINDOWS = {"reference": Window(20, 40, 20, 120.0), "traces": Window(6, 16, 6, 150.0)}
+# duration: ~20 reference agents of ~40-60 s at ~20-25/min, ~10 recorded sessions of ~20-60 s at
+# ~15/min), as many measured as a GPU point can afford (80 reference arrivals take ~4 min at 20/min).
+DEFAULT_WINDOWS = {"reference": Window(20, 40, 20, 120.0), "traces": Window(10, 24, 10, 150.0)}
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,11 @@ import numpy as np
 from sidecar_tools.benchmarks.traces import Session, Trace, build_config, generate, load_jsonl
 
 REAL_TRACES_DIR = Path("benchmarks/results/real-traces")
-DEFAULT_REAL_TRACES = (
-    (str(REAL_TRACES_DIR / "tracelab-examples.jsonl"), 0.5),
-    (str(REAL_TRACES_DIR / "lmcache-miniswe.jsonl"), 0.5),
+# weight None: the file's number of sessions, i.e. every recorded session equally likely (TraceLab's
+# 2 sessions 2 of 22 times, LMCache's 20 the rest)
+DEFAULT_REAL_TRACES: tuple[tuple[str, float | None], ...] = (
+    (str(REAL_TRACES_DIR / "tracelab-examples.jsonl"), None),
+    (str(REAL_TRACES_DIR / "lmcache-miniswe.jsonl"), None),
 )
 DISTRIBUTIONS = ("reference", "traces")
 # arrival streams of one seed: the unit-rate process, the choice of recorded sessions
@@ -75,20 +77,20 @@ def first_arrivals(rate_per_min: float, n: int, seed: int) -> list[float]:
 @dataclass(frozen=True)
 class RecordedPool:
     """Recorded sessions to sample from with replacement: each arrival picks a source file by its
-    weight, then one of its sessions uniformly (so a file of 2 sessions weighs what a file of 20
-    does, when their weights are equal)."""
+    weight, then one of its sessions uniformly. A weight of None is the file's number of sessions:
+    with every weight None, each recorded session is equally likely."""
 
-    sources: tuple[tuple[str, float], ...] = DEFAULT_REAL_TRACES
+    sources: tuple[tuple[str, float | None], ...] = DEFAULT_REAL_TRACES
 
     def load(self) -> list[tuple[str, list[Session], float]]:
         out = []
         for path, weight in self.sources:
-            if not weight > 0:
+            if weight is not None and not weight > 0:
                 raise ValueError(f"{path}: weight must be > 0, got {weight}")
             trace = load_jsonl(_resolve(path))
             if not trace.sessions:
                 raise ValueError(f"{path}: no sessions")
-            out.append((trace.name, trace.sessions, weight))
+            out.append((trace.name, trace.sessions, float(len(trace.sessions)) if weight is None else weight))
         return out
 
 

@@ -90,11 +90,13 @@ def test_recorded_sessions_are_sampled_with_replacement_by_source_weight(tmp_pat
     assert len(set(picked)) == 12 and max(picked.count(x) for x in set(picked)) > 1  # with replacement
 
 
-def test_the_default_pool_is_the_committed_real_traces():
-    trace = open_loop_trace("traces", 60, 8, seed=2)
-    sources = {s["trace"] for s in trace.meta["open_loop"]["drawn_from"]["sources"]}
-    assert sources == {"tracelab-examples", "lmcache-miniswe"}
-    assert trace.shared_prefix_tokens == 0 and trace.sessions
+def test_the_default_pool_is_the_committed_real_traces_each_session_equally_likely():
+    trace = open_loop_trace("traces", 60, 2200, seed=2)
+    sources = {s["trace"]: s["weight"] for s in trace.meta["open_loop"]["drawn_from"]["sources"]}
+    assert sources == {"tracelab-examples": 2, "lmcache-miniswe": 20}  # weight = sessions in the file
+    tracelab = sum("-tracelab-examples-" in s.session_id for s in trace.sessions)
+    assert tracelab / len(trace.sessions) == pytest.approx(2 / 22, abs=0.02)
+    assert trace.shared_prefix_tokens == 0
 
 
 # ------------------------------------------------------------------------------- window and SLO

@@ -4,7 +4,7 @@
 # benchmarks/capacity_gpu.sh at the capacities found.
 #   bash benchmarks/results/sim/capacity-2026-12-01/run.sh [COMBO ...]     COMBO = CONFIG-DIST-rRATIO
 #   JOBS=2 (searches at once)   WINDOW="--warmup 40 ..." (default: capacity's own window)
-# Each search starts where the distribution's knee was seen (reference ~16-24/min, traces ~6/min),
+# Each search starts where the distribution's knee was seen (reference ~18-24/min, traces ~16/min),
 # steps x/÷ 1.5 until the verdict flips, then bisects to 10 % (at most 6 rates). Writes
 # capacity-CONFIG-DIST-rRATIO.json, logs/COMBO.log, commands.txt, table.md, plot.png.
 set -uo pipefail
@@ -20,7 +20,7 @@ mkdir -p "$OUT/logs"
 one() {
   local combo=$1 config dist ratio start
   config=${combo%%-*}; dist=${combo#*-}; dist=${dist%-r*}; ratio=${combo##*-r}
-  case $dist-$ratio in reference-3) start=24 ;; reference-1) start=16 ;; *) start=6 ;; esac
+  case $dist-$ratio in reference-3) start=24 ;; reference-1) start=18 ;; *) start=16 ;; esac
   # shellcheck disable=SC2206
   local cmd=(python3 -m sidecar_tools.benchmarks.capacity search --config "$config" --dist "$dist" --hicache-ratio "$ratio"
              $WINDOW --start "$start" --factor 1.5 --tolerance 0.1 --max-points 6 --out "$OUT")
