@@ -2,7 +2,7 @@
 # Simulator capacity of both configurations on both distributions at host ratios 1 and 3 (8 searches),
 # then the table and the plot. SIMULATOR results: the knee is to be confirmed on the GPU with
 # benchmarks/capacity_gpu.sh at the capacities found.
-#   bash benchmarks/results/sim/capacity-2026-12-01/run.sh [COMBO ...]     COMBO = CONFIG-DIST-rRATIO
+#   bash benchmarks/scripts/sim/capacity-2026-12-01/run.sh [COMBO ...]     COMBO = CONFIG-DIST-rRATIO
 #   JOBS=2 (searches at once)   WINDOW="--warmup 40 ..." (default: capacity's own window)
 # Each search starts where the distribution's knee was seen (reference ~18-24/min, traces ~16/min),
 # steps x/÷ 1.5 until the verdict flips, then bisects to 10 % (at most 6 rates). Writes
