@@ -27,6 +27,10 @@ def _s(x: float | None) -> str:
     return "miss" if x is None else f"{x:.2f}"
 
 
+def _s0(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
+
+
 def _label(r: dict[str, Any]) -> str:
     return f"{r['config']} r{r['hicache_ratio']:g}" + (" (GPU)" if r["source"] == "gpu" else "")
 
@@ -63,7 +67,7 @@ def table(results: list[dict[str, Any]]) -> str:
             share = p.get("recomputed_share")
             lines.append(f"| {r['distribution']} | {r['hicache_ratio']:g} | {r['config']} | {r['source']} | "
                          f"{p['rate_per_min']:g} | {_s(p['later_turn_ttft_p99_s'])} | {_s(p['first_turn_ttft_p99_s'])} | "
-                         f"{p.get('last_arrival_s', '-')} | {p['turns_missing']} | "
+                         f"{_s0(p.get('last_arrival_s'))} | {p['turns_missing']} | "
                          f"{'-' if share is None else f'{100 * share:.1f} %'} | {'yes' if p['meets_slo'] else 'no'} |")
     return "\n".join(lines) + "\n"
 
