@@ -41,6 +41,8 @@
 #     (SERVE=benchmarks/sim_serve.sh: the simulator stands in for SGLang, a dry run on any machine)
 #   PRODUCT_CONFIG=configs/coding-agent.toml   PLUGIN_CONFIG='{"max_leased_fraction": 0.8}'
 #   SIDECAR_ARGS="..."  extra flags of the product's sidecar;  RUN_TAG=-x  appended to run names
+#   CONTEXT_LENGTH=65536  every run's SGLang gets this --context-length (one engine for the reference
+#     and the real traces, as the runs had; unset: only the real traces get 65536)
 #   EXTRA_SGLANG_ARGS="..."  appended to every SGLang start;  PORT=30000  SIDECAR_PORT=8000
 set -uo pipefail
 
@@ -167,6 +169,7 @@ for spec in $RUNS; do
     unconstrained) engine=(); kv=600000 ;;
     *) log "unknown config in $spec; skipped"; continue ;;
   esac
+  [ -n "${CONTEXT_LENGTH:-}" ] && context=(--context-length "$CONTEXT_LENGTH")
   engine+=("${context[@]}")
   if [ ${#context[@]} -gt 0 ]; then export SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1; fi
   flags="--max-total-tokens $kv ${engine[*]} $EXTRA_SGLANG_ARGS"
