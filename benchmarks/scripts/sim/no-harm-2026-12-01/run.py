@@ -1,6 +1,6 @@
 """The no-harm simulator table (issue 24): stock HiCache vs the product on six workloads, one command.
 
-    PYTHONPATH=. python3 benchmarks/results/sim/no-harm-2026-12-01/run.py [--jobs N] [--only W ...] [--rows R ...]
+    PYTHONPATH=. python3 benchmarks/scripts/sim/no-harm-2026-12-01/run.py [--jobs N] [--only W ...] [--rows R ...]
         [--out DIR] [--table-only]
 
 Each cell is one ``sglang-sidecar simulate`` run (its command is stored in its JSON, and all of them
@@ -19,8 +19,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[3]
+REPO = Path(__file__).resolve().parents[4]
+HERE = REPO / "benchmarks" / "results" / "sim" / "no-harm-2026-12-01"  # where its results live
 REAL = "benchmarks/results/real-traces"
 OVERLOAD = "benchmarks/results/h200-2026-12-01/trace-overload.jsonl"
 KV = 173_200
