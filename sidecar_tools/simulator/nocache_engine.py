@@ -44,6 +44,7 @@ class NoCacheEngine:
         return min(self.context_length - 1, self.kv_tokens - 1)
 
     metrics_text = SimEngine.metrics_text  # the same exposition: counters, then gauges()
+    _lease_metric_lines = SimEngine._lease_metric_lines  # empty: no plugin (mgr is None)
 
     @property
     def counters(self) -> dict[str, float]:

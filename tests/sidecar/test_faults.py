@@ -8,6 +8,8 @@ works and continues the session token-exactly.
 
 from __future__ import annotations
 
+import json
+
 import asyncio
 import os
 import signal
@@ -71,7 +73,7 @@ async def stream_until_content(client, body, headers=None):
     while True:
         line = await bounded(resp.content.readline())
         assert line, "stream ended before any content"
-        if line.startswith(b"data: {") and b'"content": "' in line and b'"content": ""' not in line:
+        if line.startswith(b"data: {") and any(c["delta"].get("content") for c in json.loads(line[6:]).get("choices", [])):
             return resp
 
 

@@ -53,7 +53,7 @@ class Costs:
         monkeypatch.setattr(codec, "_encoding", counting_encoding)
         run = core.offload.run
 
-        async def counting_run(fn, *args):
+        async def counting_run(fn, *args, **_):
             self.offloaded += 1
             return await run(fn, *args)
 
