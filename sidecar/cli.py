@@ -206,7 +206,7 @@ def _serve(settings, engine_command: list[str], engine_log: str | None, start_ti
 
 def _say_listening(url: str, stops: str, as_json: bool) -> None:
     """Said once the socket is bound (aiohttp's print hook runs after its sites started)."""
-    text = f"listening: point an OpenAI client at {url}/v1, Anthropic's at {url} (Ctrl+C stops {stops})"
+    text = f"ready, listening: point an OpenAI client at {url}/v1, Anthropic's at {url} (Ctrl+C stops {stops})"
     if as_json:
         import logging
 

@@ -239,7 +239,10 @@ def _error_message(body: str) -> str:
     try:
         data = json.loads(body)
     except ValueError:
-        return body.strip()[:500] or "no detail"
+        text = body.strip()
+        if text[:1] == "<":  # an HTML page: whatever answers there is not SGLang (its errors are JSON)
+            return "an HTML page, not SGLang's JSON: is SGLang on this URL and port?"
+        return " ".join(text[:500].split()) or "no detail"
     err = data.get("error", data) if isinstance(data, dict) else data
     if isinstance(err, dict):
         return str(err.get("message") or err.get("detail") or err)

@@ -40,6 +40,7 @@ class Worker:
     up: bool = True  # False once it failed a request or its /health, or smg stopped listing it
     removed: bool = False  # no longer one of the workers (smg dropped it)
     on_down: Callable[[Worker], None] | None = field(default=None, repr=False)
+    others_usable: Callable[[], bool] = field(default=lambda: False, repr=False)  # the Workers set it
 
     @property
     def url(self) -> str:
@@ -66,7 +67,8 @@ class Worker:
 
     def mark_down(self, why: str) -> None:
         if self.up:
-            log.warning("worker %s is down (%s); its sessions move to another worker", self.url, why)
+            moves = "its sessions move to another worker" if self.others_usable() else "its turns fail until it answers again"
+            log.warning("worker %s is down (%s); %s", self.url, why, moves)
         self.up = False
         if self.on_down is not None:
             self.on_down(self)
@@ -222,7 +224,9 @@ class Workers:
         """``factory`` makes the Worker of a URL that joins at runtime (smg listed it)."""
         if not workers:
             raise ValueError("at least one worker is needed")
-        self._workers = {w.url: w for w in workers}
+        self._workers: dict[str, Worker] = {}
+        for worker in workers:
+            self._join(worker)
         self.gateway: SmgGateway | None = next((w.gateway for w in workers if w.gateway), None)
         if self.gateway is not None:
             self.gateway.worker_at = self.get
@@ -261,9 +265,13 @@ class Workers:
         """A worker for what any of them can answer (limits, the model): a usable one if any."""
         return next(iter(self.usable()), None) or next(iter(self._workers.values()))
 
+    def _join(self, worker: Worker) -> None:
+        self._workers[worker.url] = worker
+        worker.others_usable = lambda: any(w.usable for w in self._workers.values() if w is not worker)
+
     def add(self, worker: Worker) -> Worker:
         """A worker joined (smg lists it): it takes new sessions from now on."""
-        self._workers[worker.url] = worker
+        self._join(worker)
         log.info("worker %s joined", worker.url)
         return worker
 

@@ -70,7 +70,7 @@ async def fetch_server_info(engine: EngineClient, wait_s: float, delay: float = 
             info = await engine.server_info()
         except APIError as exc:
             if time.monotonic() + delay > deadline:
-                log.warning("SGLang /server_info failed (%s); starting without it", exc.message)
+                log.warning("SGLang /server_info failed (%s)", exc.message)
                 return None
             if not waited:  # one line, not one per retry
                 log.info("waiting up to %g s for SGLang at %s (%s)", wait_s, engine.base_url, exc.message)
@@ -171,6 +171,8 @@ def _engine_context(preloaded_tokenizer):
                         f"no tokenizer: SGLang at {settings.sglang_url} did not report one; pass --tokenizer DIR"
                     )
                 tokenizer = await asyncio.get_running_loop().run_in_executor(None, load_tokenizer, path)
+            if info is None:
+                log.warning("starting without SGLang's /server_info: capacity and limits unknown until it answers")
             others = [Worker(client(url), EngineCapacity(0), gateway) for url in urls[1:]]
             infos = await asyncio.gather(*(fetch_server_info(w.client, min(settings.startup_wait, 5.0)) for w in others))
             for worker, other_info in zip(others, infos):  # placement knows every worker's room from the start

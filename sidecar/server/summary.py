@@ -1,5 +1,6 @@
-"""The one line the sidecar logs when it is ready: what it serves, in front of what, with which
-capacity, policy, admission and auth, so an operator can check a start-up at a glance."""
+"""The one line the sidecar logs once it is configured: what it serves, in front of what, with which
+capacity, policy, admission and auth, so an operator can check a start-up at a glance. It comes
+before the socket is bound; "ready, listening" follows the bind."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from sidecar.settings import SidecarSettings
 def startup_summary(settings: SidecarSettings, workers: Workers, model_name: str, tokenizer: str) -> str:
     server, policy, admission = settings.server, settings.policy, settings.admission
     parts = [
-        f"ready on http://{server.host}:{server.port}/v1 in front of SGLang at {server.sglang_url}",
+        f"starting on http://{server.host}:{server.port}/v1 in front of SGLang at {server.sglang_url}",
         f"model {model_name} (tokenizer {tokenizer or 'unknown'})",
         *(_capacity(worker.capacity, server.max_prompt_tokens) for worker in workers),
         "policy " + {

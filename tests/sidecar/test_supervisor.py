@@ -163,7 +163,7 @@ def test_the_sidecar_stops_when_its_engine_dies(tmp_path, qwen3_tokenizer_dir):
     records = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
     assert any(r["level"] == "ERROR" and r["logger"] == "sidecar.supervisor" and "exited with code -9" in r["message"]
                for r in records)
-    assert any(r["message"].startswith("ready on ") for r in records)  # the start-up summary, as JSON too
+    assert any(r["message"].startswith("starting on ") for r in records)  # the start-up summary, as JSON too
     assert _gone(json.loads(pids.read_text())["child"])  # the rest of its group went too
 
 

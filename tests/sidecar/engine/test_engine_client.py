@@ -82,3 +82,20 @@ async def test_connect_retries_back_off_as_before():
     assert len(attempts) == 4
     gaps = [b - a for a, b in zip(attempts, attempts[1:])]
     assert [round(g, 1) >= w for g, w in zip(gaps, (0.1, 0.2, 0.4))] == [True, True, True]
+
+
+async def test_a_web_server_that_is_not_sglang_gets_one_clear_line_not_its_page(aiohttp_server):
+    """Something else on the engine port (a web server's HTML 404) is named as such, on one line."""
+    page = "<!DOCTYPE HTML>\n<html><body><h1>Error response</h1>\n<p>File not found.</p></body></html>\n"
+    app = web.Application()
+    app.router.add_get("/server_info", lambda request: web.Response(status=404, text=page, content_type="text/html"))
+    server = await aiohttp_server(app)
+    async with aiohttp.ClientSession() as http:
+        client = EngineClient(str(server.make_url("")).rstrip("/"), http)
+        try:
+            await client.server_info()
+        except Exception as exc:  # noqa: BLE001
+            message = str(getattr(exc, "message", exc))
+        else:
+            raise AssertionError("a 404 page was taken for SGLang's /server_info")
+    assert "not SGLang" in message and "\n" not in message and "<html" not in message

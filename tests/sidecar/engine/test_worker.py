@@ -74,3 +74,17 @@ def test_target_worker_index_counts_only_smg_healthy_workers_in_its_order():
     assert target_index(listing, "http://b") is None
     with pytest.raises(ValueError):
         parse_workers({"nope": 1})
+
+
+def test_a_lost_worker_says_its_sessions_move_only_when_another_worker_can_take_them(caplog):
+    caplog.set_level("WARNING", logger="sidecar")
+    alone = Worker(Client(), EngineCapacity(1000))
+    Workers([alone])
+    alone.mark_down("no answer")
+    first, second = Worker(Client(), EngineCapacity(1000)), Worker(Client(), EngineCapacity(1000))
+    Workers([first, second])
+    first.mark_down("no answer")
+    second.mark_down("no answer")  # the last one: nowhere to move to
+    lines = [r.getMessage() for r in caplog.records if "is down" in r.getMessage()]
+    assert ["move to another worker" in line for line in lines] == [False, True, False]
+    assert "fail until it answers again" in lines[0]

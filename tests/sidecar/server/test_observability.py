@@ -169,8 +169,8 @@ async def test_one_start_up_summary_line(make_sglang_double, aiohttp_client, qwe
     })
     with caplog.at_level(logging.INFO, logger="sidecar"):
         await aiohttp_client(create_app(settings, tokenizer=qwen3_tokenizer))
-    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ready on")]
-    assert line.startswith(f"ready on http://127.0.0.1:8123/v1 in front of SGLang at {double.url}")
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("starting on")]
+    assert line.startswith(f"starting on http://127.0.0.1:8123/v1 in front of SGLang at {double.url}")
     for part in (f"model {double.served_model_name}", "KV: GPU 12,345 tokens, no host tier, no session_ttl plugin",
                  "policy fixed (30 s leases)",
                  "admission on (headroom 0.9", "auth on (--api-key)"):
@@ -191,6 +191,6 @@ async def test_start_up_summary_names_the_host_tier_and_the_plugin(make_sglang_d
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="sidecar"):
             await aiohttp_client(create_app(settings, tokenizer=qwen3_tokenizer))
-        (lines[name],) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ready on")]
+        (lines[name],) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("starting on")]
     assert "KV: GPU 10,000 tokens, host 30,001 tokens, no session_ttl plugin (leases off)" in lines["hicache"]
     assert "KV: GPU 10,000 tokens, no host tier, session_ttl plugin" in lines["plugin"]
