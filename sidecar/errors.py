@@ -9,6 +9,7 @@ same fields). No aiohttp here: any layer may import this module.
 from __future__ import annotations
 
 import logging
+import math
 import re
 
 _log = logging.getLogger("sidecar.engine")
@@ -35,6 +36,12 @@ class APIError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def retry_after(seconds: float) -> dict[str, str]:
+    """The Retry-After header of an answer that asks the client to come back later: whole seconds,
+    rounded up and at least 1 (a client told to retry before the wait is over is refused again)."""
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
 
 
 def invalid_request(message: str, param: str | None = None, code: str | None = None) -> APIError:

@@ -15,11 +15,10 @@ from aiohttp import web
 
 from sidecar.anthropic import shapes
 from sidecar.anthropic.schema import CountTokensRequest, MessagesRequest, parse_count_tokens_request, parse_messages_request
-from sidecar.engine.generate import Sampling
 from sidecar.frontdoor.blocks import ReplyBlocks
 from sidecar.frontdoor.stream import serve_turn
 from sidecar.turn.core import Turn, TurnCore
-from sidecar.turn.request import TurnRequest
+from sidecar.turn.request import Sampling, TurnRequest
 
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "tool": "required", "none": "none"}
 

@@ -141,13 +141,13 @@ class EngineClient:
             splitter = _LineSplitter()
             async for chunk in resp.content.iter_any():
                 for line in splitter.feed(chunk):
-                    event = _event(line)
+                    event = sse_event(line)
                     if event is _DONE:
                         return
                     if event is not None:
                         yield event
             for line in splitter.flush():
-                event = _event(line)
+                event = sse_event(line)
                 if event is _DONE:
                     return
                 if event is not None:
@@ -196,8 +196,9 @@ def _json_body(payload: dict[str, Any]) -> bytes:
 _DONE = object()
 
 
-def _event(line: bytes) -> Any:
-    """One SSE line: the decoded event, _DONE, or None (not a data line)."""
+def sse_event(line: bytes) -> Any:
+    """One SSE line of SGLang's /generate stream: the decoded event, _DONE, or None (not a data
+    line); an error event raises its APIError."""
     if not line.startswith(b"data:"):
         return None
     data = line[5:].strip()

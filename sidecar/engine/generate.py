@@ -1,7 +1,7 @@
 """The ``/generate`` request of one turn, in SGLang's words: token ids, session, sampling, lease.
 
-A turn's sampling options arrive in the sidecar's own words (:class:`Sampling`, whatever front
-door parsed them) and leave under SGLang's names. The lease the sidecar asks for rides in
+A turn's sampling options arrive in the sidecar's own words (``sidecar.turn.request.Sampling``,
+whatever front door parsed them) and leave under SGLang's names. The lease the sidecar asks for rides in
 ``sampling_params.custom_params`` under the plugin's key; :mod:`sglang_ext.wire` spells it, and
 this is the one sidecar module that imports it.
 """
@@ -9,7 +9,6 @@ this is the one sidecar module that imports it.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from sglang_ext.wire import after_turn_state, lease_params
@@ -18,25 +17,9 @@ from sidecar.id_text import IdText
 from sidecar.engine.lease import LeaseRequest
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """What a turn asks of the sampler (None: SGLang's default)."""
-
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: int | None = None
-    ignore_eos: bool | None = None
-    seed: int | None = None
-    stop_token_ids: list[int] | None = None
-
-
-def sampling_params(sampling: Sampling, default_max_tokens: int, eos_ids: list[int], lease: LeaseRequest | None) -> dict[str, Any]:
+def sampling_params(sampling: Any, default_max_tokens: int, eos_ids: list[int], lease: LeaseRequest | None) -> dict[str, Any]:
+    """A turn's ``Sampling`` (``sidecar.turn.request``: the sidecar's words) under SGLang's names,
+    with the stop ids and the lease."""
     s = sampling
     params: dict[str, Any] = {"max_new_tokens": s.max_tokens or default_max_tokens}
     optional = {

@@ -6,7 +6,8 @@ to is the policy's placement (``sidecar.policy.placement``); this module only kn
 a worker: its own URL for what only it answers (``/server_info``, ``/health``, the plugin's
 ``/close_session`` and ``/set_internal_state``, aborts), and for ``/generate`` either that URL or
 smg with the target-worker header (``sidecar.engine.smg``), so health checks and retries stay smg's.
-A worker that stops answering is marked down; its sessions move on (the turn core re-homes them).
+A worker that stops answering is marked down; its sessions move on (``sidecar.engine.fleet`` re-homes
+them, and keeps placement told which workers take new sessions).
 """
 
 from __future__ import annotations

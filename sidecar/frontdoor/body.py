@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from sidecar.errors import invalid_request
+from sidecar.turn.request import check_counts as check_turn_counts
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -28,16 +29,12 @@ def check_counts(body: Any, limits, messages: str = "messages", parts: str = "co
     max_messages, max_tools, max_content_parts)."""
     if not isinstance(body, dict):
         return
-    items = body.get(messages)
-    if isinstance(items, list):
-        if len(items) > limits.max_messages:
-            raise invalid_request(f"too many {messages} ({len(items)} > {limits.max_messages})", param=messages)
-        n = sum(len(c) for m in items if isinstance(m, dict) and isinstance(c := m.get(parts), list))
-        if n > limits.max_content_parts:
-            raise invalid_request(f"too many content parts ({n} > {limits.max_content_parts})", param=messages)
-    tools = body.get("tools")
-    if isinstance(tools, list) and len(tools) > limits.max_tools:
-        raise invalid_request(f"too many tools ({len(tools)} > {limits.max_tools})", param="tools")
+    items, tools = body.get(messages), body.get("tools")
+    items = items if isinstance(items, list) else []
+    check_turn_counts(len(items), len(tools) if isinstance(tools, list) else 0, limits, messages)
+    n = sum(len(c) for m in items if isinstance(m, dict) and isinstance(c := m.get(parts), list))
+    if n > limits.max_content_parts:
+        raise invalid_request(f"too many content parts ({n} > {limits.max_content_parts})", param=messages)
 
 
 def parse_body(model: type[M], body: Any) -> M:

@@ -14,7 +14,7 @@ from sidecar import logs
 
 from sidecar.errors import APIError
 from sidecar.generation.tool_parsers import Event
-from sidecar.turn.client_writes import ClientStalled, write_within
+from sidecar.frontdoor.client_writes import ClientStalled, write_within
 from sidecar.turn.core import Turn, TurnCore
 
 _DISCONNECTS = (ConnectionResetError, ConnectionError)

@@ -12,7 +12,6 @@ from typing import Any
 
 from aiohttp import web
 
-from sidecar.engine.generate import Sampling
 from sidecar.errors import APIError
 from sidecar.frontdoor.stream import serve_turn
 from sidecar.generation.tool_parsers import Event
@@ -20,7 +19,7 @@ from sidecar.openai import shapes
 from sidecar.openai.shapes import event_delta
 from sidecar.openai.schema import ChatCompletionRequest, NamedToolChoice, parse_chat_request
 from sidecar.turn.core import Turn, TurnCore
-from sidecar.turn.request import TurnRequest
+from sidecar.turn.request import Sampling, TurnRequest
 
 
 def turn_request(req: ChatCompletionRequest, session_id: str | None, scope: str) -> TurnRequest:

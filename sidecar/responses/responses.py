@@ -11,13 +11,12 @@ from typing import Any
 
 from aiohttp import web
 
-from sidecar.engine.generate import Sampling
 from sidecar.frontdoor.blocks import ReplyBlocks
 from sidecar.frontdoor.stream import serve_turn
 from sidecar.responses import shapes
 from sidecar.responses.schema import NamedFunction, ResponsesRequest, parse_responses_request
 from sidecar.turn.core import Turn, TurnCore
-from sidecar.turn.request import TurnRequest
+from sidecar.turn.request import Sampling, TurnRequest
 
 
 def turn_request(req: ResponsesRequest, session_id: str | None, scope: str) -> TurnRequest:

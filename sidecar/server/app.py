@@ -20,6 +20,7 @@ from aiohttp import web
 
 from sidecar.engine.capacity import EngineCapacity
 from sidecar.engine.client import EngineClient
+from sidecar.engine.fleet import engine_model_name
 from sidecar.engine.health import EngineHealth
 from sidecar.engine.worker import SmgGateway, Worker, Workers
 from sidecar.errors import APIError
@@ -32,7 +33,7 @@ from sidecar.server.hosts import HostRule, host_middleware
 from sidecar.server.middleware import error_middleware, metrics_middleware
 from sidecar.server.summary import startup_summary
 from sidecar.settings import SidecarSettings
-from sidecar.turn.core import build_core, engine_model_name
+from sidecar.turn.core import build_core
 
 log = logging.getLogger("sidecar")
 

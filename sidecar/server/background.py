@@ -57,12 +57,12 @@ def close_due_sessions(app: web.Application) -> None:
 
 async def probe_engine(app: web.Application) -> None:
     app[keys.ENGINE_HEALTH].record(await app[keys.WORKERS].healthy())
-    app[keys.TURNS].sync_placeable()  # a worker back up takes new sessions again
+    app[keys.TURNS].fleet.sync_placeable()  # a worker back up takes new sessions again
 
 
 async def refresh_workers(app: web.Application) -> None:
     """With smg in front: who its workers are now (a worker added to smg takes new sessions)."""
-    await app[keys.TURNS].refresh_workers()
+    await app[keys.TURNS].fleet.refresh_workers()
 
 
 def refresh_engine_info() -> Callable[[web.Application], Awaitable[None]]:
@@ -76,7 +76,7 @@ def refresh_engine_info() -> Callable[[web.Application], Awaitable[None]]:
         unknown = any(not worker.capacity.known for worker in app[keys.WORKERS])
         if unknown or now - last >= ENGINE_INFO_INTERVAL_S:
             last = now
-            await app[keys.TURNS].refresh_engine_info()
+            await app[keys.TURNS].fleet.refresh_engine_info()
 
     return step
 

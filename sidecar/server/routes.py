@@ -48,7 +48,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
 async def models(request: web.Request) -> web.Response:
     """The served model; 503 while no engine has named it (a client would otherwise pick a
     placeholder name and get 404s once the engine is up)."""
-    name = await request.app[keys.TURNS].require_model_name()
+    name = await request.app[keys.TURNS].fleet.require_model_name()
     return web.json_response({"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "sglang"}]})
 
 

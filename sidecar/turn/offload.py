@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, TypeVar
 
-from sidecar.errors import APIError
+from sidecar.errors import APIError, retry_after
 
 T = TypeVar("T")
 
@@ -105,7 +105,7 @@ def tokenizer_busy(timeout_s: float) -> APIError:
         "large prompts first); retry later",
         type="server_busy",
         code="tokenizer_busy",
-        headers={"Retry-After": str(max(1, round(timeout_s)))},
+        headers=retry_after(timeout_s),
     )
 
 

@@ -5,7 +5,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sidecar.engine.generate import Sampling
+from sidecar.errors import invalid_request
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What a turn asks of the sampler (None: SGLang's default)."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    seed: int | None = None
+    stop_token_ids: list[int] | None = None
 
 
 @dataclass
@@ -19,3 +37,13 @@ class TurnRequest:
     scope: str = ""  # whose sessions these are (the API key's scope; "" without auth)
     stop: list[str] | None = None  # stop strings (the sidecar enforces them)
     sampling: Sampling = field(default_factory=Sampling)
+
+
+def check_counts(messages: int, tools: int, limits: Any, messages_param: str = "messages") -> None:
+    """The one rule on how many messages and tools a turn carries (``limits``: ServerSettings'
+    max_messages, max_tools): a 400 past either. The doors apply it to the body as sent, before
+    validating it (``sidecar.frontdoor.body.check_counts``), the core to the turn a door made of it."""
+    if messages > limits.max_messages:
+        raise invalid_request(f"too many {messages_param} ({messages} > {limits.max_messages})", param=messages_param)
+    if tools > limits.max_tools:
+        raise invalid_request(f"too many tools ({tools} > {limits.max_tools})", param="tools")

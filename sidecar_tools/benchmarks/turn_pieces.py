@@ -162,10 +162,12 @@ def measure(tokenizer_dir: str, number: int, repeat: int) -> dict[str, Any]:
 
 
 def _policy_per_request(number: int, repeat: int) -> dict[str, float]:
-    """on_request + lease_request for 500 sessions (in a session store) taking turns, each after its reply ended."""
+    """A turn's policy calls as its request leaves (``turn_started``: on_request + lease_request) for
+    500 sessions (in a session store) taking turns, each after its reply ended."""
     from sidecar.conversation.store import SessionStore
     from sidecar.policy import EngineCapacity, TurnEnd, build_policy
     from sidecar.settings import SidecarSettings
+    from sidecar.turn.policy_calls import turn_started
 
     figures = {}
     for mode in ("off", "predictive"):
@@ -181,8 +183,7 @@ def _policy_per_request(number: int, repeat: int) -> dict[str, float]:
             for i in range(number):
                 sid, now = f"s{i % 500}", clock[0]
                 start = time.perf_counter()
-                policy.on_request(sid, 3000, now)
-                policy.lease_request(sid, 3000, now)
+                turn_started(policy, sid, 3000, now)  # what a turn asks of the policy as its request leaves
                 spent += time.perf_counter() - start
                 clock[0] += 0.004
                 policy.on_turn_end(TurnEnd(sid, 3150, ["bash"], clock[0]))  # after the reply: not timed
@@ -192,7 +193,7 @@ def _policy_per_request(number: int, repeat: int) -> dict[str, float]:
 
 
 def _relay(renderer, reply_ids: list[int], frames) -> Callable[[], Any]:
-    from sidecar.engine.client import _event
+    from sidecar.engine.client import sse_event
     from sidecar.generation.relay import Generation
     from sidecar.generation.tool_parsers import get_tool_parser
 
@@ -206,7 +207,7 @@ def _relay(renderer, reply_ids: list[int], frames) -> Callable[[], Any]:
     class Engine:
         async def generate_stream(self, payload):
             for line in lines:
-                yield _event(line)
+                yield sse_event(line)
 
     def run() -> None:
         """One reply, driven without an event loop: nothing in it really waits."""

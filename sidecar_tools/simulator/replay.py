@@ -8,7 +8,8 @@ reads simulated and GPU runs alike. Nothing sleeps: client events and engine ste
 on one virtual clock.
 
 With a sidecar policy (``SidecarLoop``) the product's own ``sidecar.policy`` object, on the
-product's session store, sits in front of the engine exactly as in ``sidecar/turn/core.py``:
+product's session store, sits in front of the engine making the turn core's own policy calls
+(``sidecar.turn.policy_calls``, the sequence ``sidecar.turn.core.Turn`` makes):
 admission of new sessions (the policy's synchronous ``offer_admission`` on the real
 ``AdmissionGate``, pumped in virtual time by the policy's own calls and the gate's poll interval),
 ``on_request``/``lease_request`` (the TTL and the expected return travel to the plugin in
@@ -26,7 +27,7 @@ may send a request to another). Without a sidecar the replay places sessions wit
 own that only places (``SidecarLoop.placement``: mode off, admission off: the roomiest worker by
 projected footprint). ``worker_losses`` kill a worker at a virtual time: its in-flight requests
 fail (the agent resends the turn after ``RETRY_AFTER_S``, as an OpenAI client retries a 502), its
-sessions are re-homed on their next turn (``LeasePolicy.relocate(sid, None)``, as ``sidecar/turn/core.py``
+sessions are re-homed on their next turn (``LeasePolicy.relocate(sid, None)``, as ``sidecar.engine.fleet.Fleet``
 does) and recomputed there, unless a ``shared_l3.SharedL3`` store holds their KV: then the first
 turn on the new worker reads it back first.
 """
@@ -50,7 +51,7 @@ from sidecar_tools.simulator.workers import SimWorker, WorkerLoss, WorkerSet, ch
 from sglang_ext.wire import EXPECTED_BACK_PARAM, EXPECTED_SPREAD_PARAM, lease_params
 
 from sidecar.engine.generate import after_turn_body
-from sidecar.turn.core import worth_revising
+from sidecar.turn.policy_calls import turn_finished, turn_started
 
 
 # --------------------------------------------------------------------------------------------
@@ -58,8 +59,8 @@ from sidecar.turn.core import worth_revising
 
 
 class SidecarLoop:
-    """``sidecar.policy.build_policy`` on a session store, driven by virtual time (what
-    ``sidecar/turn/core.py`` calls)."""
+    """``sidecar.policy.build_policy`` on a session store, driven by virtual time through the
+    turn's own policy calls (``sidecar.turn.policy_calls``)."""
 
     def __init__(self, settings: Any, kv_tokens: int, clock: Callable[[], float], host_tokens: int = 0,
                  workers: int = 1, placement_only: bool = False):
@@ -123,7 +124,7 @@ class SidecarLoop:
         return self.policy.worker_of(session_id)
 
     def worker_lost(self, worker: str) -> None:
-        """The sidecar saw the worker fail: no new sessions go there (``TurnCore.watch``)."""
+        """The sidecar saw the worker fail: no new sessions go there (``Fleet.watch``)."""
         self.policy.set_placeable(worker, False)
 
     def rehome(self, session_id: str) -> None:
@@ -135,21 +136,14 @@ class SidecarLoop:
 
     def start_turn(self, session_id: str, prompt_tokens: int) -> dict[str, float] | None:
         """on_request + lease_request; the custom_params to send (None = no lease)."""
-        now = self.clock()
-        self.policy.on_request(session_id, prompt_tokens, now)
-        lease = self.sent[session_id] = self.policy.lease_request(session_id, prompt_tokens, now)
+        lease = self.sent[session_id] = turn_started(self.policy, session_id, prompt_tokens, self.clock())
         return lease_params(lease.ttl_s, lease.expected_back_s, lease.spread_s) if lease is not None else None
 
     def end_turn(self, session_id: str, context_tokens: int, tool_names: list[str], ok: bool) -> None:
-        from sidecar.policy import TurnEnd
-
         if ok:
-            now = self.clock()
-            self.policy.on_turn_end(TurnEnd(session_id, context_tokens, tool_names, now))
-            revised = self.policy.after_turn(session_id, now)
-            if revised is not None and self.revise is not None and worth_revising(self.sent.get(session_id), revised):
-                self.revise(session_id, after_turn_body(session_id, revised)["server_args"])  # the plugin's channel
-                self.policy.lease_revised(session_id, revised, now)
+            send = self.revise
+            revise = (lambda lease: send(session_id, after_turn_body(session_id, lease)["server_args"])) if send else None
+            turn_finished(self.policy, session_id, context_tokens, tool_names, self.sent.get(session_id), self.clock(), revise)
         self.sessions.get(session_id).inflight -= 1
         self.policy.release_admission(session_id)
 
@@ -356,7 +350,7 @@ class VirtualReplay:
             self._schedule_poll()
 
     def _rehome_if_lost(self, st: _SessionState, sid: str) -> None:
-        """``TurnCore._session_worker``: a session whose worker is lost is placed afresh, its whole
+        """``Fleet.rehome_if_lost``: a session whose worker is lost is placed afresh, its whole
         history recomputed on the new worker (or read from the shared L3 store), and counted."""
         worker = self.workers.named(self.sidecar.worker_of(sid))
         if worker is None or worker.up:

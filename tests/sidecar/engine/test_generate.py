@@ -3,7 +3,8 @@ and the lease under the plugin's key."""
 
 from sglang_ext.wire import EXPECTED_BACK_PARAM, EXPECTED_SPREAD_PARAM, LEASE_TTL_PARAM, parse_after_turn_key
 
-from sidecar.engine.generate import Sampling, after_turn_body, generate_request, sampling_params
+from sidecar.engine.generate import after_turn_body, generate_request, sampling_params
+from sidecar.turn.request import Sampling
 from sidecar.engine.lease import LeaseRequest
 from sidecar.id_text import IdText
 
