@@ -16,6 +16,7 @@ from aiohttp import web
 from sidecar.anthropic import shapes
 from sidecar.anthropic.schema import CountTokensRequest, MessagesRequest, parse_count_tokens_request, parse_messages_request
 from sidecar.frontdoor.blocks import ReplyBlocks
+from sidecar.frontdoor.session_id import explicit_session_id
 from sidecar.frontdoor.stream import serve_turn
 from sidecar.turn.core import Turn, TurnCore
 from sidecar.turn.request import Sampling, TurnRequest
@@ -45,7 +46,7 @@ async def handle(request: web.Request, body: Any, core: TurnCore, scope: str) ->
     """POST /v1/messages with its body already read and parsed (strict JSON)."""
     req = parse_messages_request(body, core.settings)
     await core.check_model(req.model)
-    parsed: list[Any] = [req, turn_request(req, request.headers.get("X-Session-Id"), scope)]
+    parsed: list[Any] = [req, turn_request(req, explicit_session_id(request), scope)]
     stream = req.stream
     del req
     model = core.model_name

@@ -31,7 +31,7 @@ from typing import Any
 
 from sidecar.conversation.fingerprint import MessageKey, extend_fingerprint, message_key, same_message, fingerprints
 from sidecar.engine.worker import Worker
-from sidecar.errors import invalid_request
+from sidecar.errors import APIError, invalid_request
 from sidecar.id_text import IdText
 from sidecar.metrics import SidecarMetrics
 from sidecar.policy.lifecycle import SessionRecord
@@ -336,6 +336,17 @@ class SessionStore:
             session.worker.release(session.id)
         if self._metrics is not None:
             self._metrics.sessions_closed.labels(reason=reason).inc()
+
+    def close(self, client_id: str, scope: str = "") -> None:
+        """A client closes its session (``client_id`` within its key's ``scope``): forgotten, its
+        lease released; 404 when the scope has no such session, 409 while a request of it runs
+        (its turn would be recorded into a session that is gone)."""
+        session = self._sessions.get(scoped_id(scope, client_id))
+        if session is None:
+            raise APIError(404, f"no session {client_id!r}", type="not_found", code="session_not_found")
+        if session.inflight:
+            raise APIError(409, f"session {client_id!r} has a request in flight", code="session_busy")
+        self.forget(session, "client")
 
     def close_due(self, now: float) -> list[str]:
         """Forget the sessions the policy says are done (idle past their lease + grace) and that no

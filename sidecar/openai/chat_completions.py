@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from sidecar.errors import APIError
+from sidecar.frontdoor.session_id import explicit_session_id
 from sidecar.frontdoor.stream import serve_turn
 from sidecar.generation.tool_parsers import Event
 from sidecar.openai import shapes
@@ -55,7 +56,7 @@ async def handle(request: web.Request, body: Any, core: TurnCore, scope: str) ->
     req = parse_chat_request(body, core.settings)
     await core.check_model(req.model)
     # an explicit session id: header X-Session-Id, else body session_id, else user ("" is none)
-    session_id = request.headers.get("X-Session-Id") or req.session_id or req.user
+    session_id = explicit_session_id(request, req.session_id, req.user)
     stream = req.stream
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     parsed: list[Any] = [req, turn_request(req, session_id, scope)]

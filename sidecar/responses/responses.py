@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from sidecar.frontdoor.blocks import ReplyBlocks
+from sidecar.frontdoor.session_id import explicit_session_id
 from sidecar.frontdoor.stream import serve_turn
 from sidecar.responses import shapes
 from sidecar.responses.schema import NamedFunction, ResponsesRequest, parse_responses_request
@@ -56,7 +57,7 @@ async def handle(request: web.Request, body: Any, core: TurnCore, scope: str) ->
     req = parse_responses_request(body, core.settings)
     await core.check_model(req.model)
     head = shapes.ResponseHead(core.model_name, echo(req), req.namespaces())
-    parsed: list[Any] = [req, turn_request(req, request.headers.get("X-Session-Id"), scope)]
+    parsed: list[Any] = [req, turn_request(req, explicit_session_id(request), scope)]
     stream = req.stream
     del req
     return await serve_turn(request, core, parsed, stream, lambda turn: shapes.ResponseStream(turn, head), lambda turn: full_reply(turn, head))

@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator
 import aiohttp
 from aiohttp import web
 
+from sidecar.anthropic.shapes import error_body as anthropic_error_body
 from sidecar.engine.capacity import EngineCapacity
 from sidecar.engine.client import EngineClient
 from sidecar.engine.fleet import engine_model_name
@@ -128,8 +129,7 @@ def create_app(settings: SidecarSettings, tokenizer=None) -> web.Application:
     app.cleanup_ctx.append(_engine_context(tokenizer))
     app.cleanup_ctx.extend(background_contexts())
     app.router.add_post("/v1/chat/completions", routes.chat_completions)
-    app.router.add_post("/v1/messages", routes.messages)  # Anthropic's Messages API (errors in its envelope)
-    app.router.add_post("/v1/messages/count_tokens", routes.count_tokens)
+    app.add_subapp("/v1/messages", _anthropic_api())  # Anthropic's Messages API (errors in its envelope)
     app.router.add_post("/v1/responses", routes.responses)
     app.router.add_get("/v1/models", routes.models)
     app.router.add_get("/", routes.root)  # and HEAD /: the clients' connectivity probe
@@ -139,6 +139,16 @@ def create_app(settings: SidecarSettings, tokenizer=None) -> web.Application:
     app.router.add_delete("/v1/sessions/{session_id}", routes.close_session)
     app.router.add_post("/close_session", routes.close_session)  # SGLang's own route, for drop-in clients
     return app
+
+
+def _anthropic_api() -> web.Application:
+    """Anthropic's routes in a sub-application: an error on them, wherever raised (auth, body
+    limits, the door, no such route), answers in Anthropic's envelope (``keys.ERROR_BODY``)."""
+    api = web.Application()
+    api[keys.ERROR_BODY] = anthropic_error_body
+    api.router.add_post("", routes.messages)
+    api.router.add_post("/count_tokens", routes.count_tokens)
+    return api
 
 
 def _engine_context(preloaded_tokenizer):

@@ -1,6 +1,6 @@
 """The middlewares every route goes through: request metrics and the access log, and errors in
-the envelope of the API the route speaks (Anthropic's under ``/v1/messages``, OpenAI's everywhere
-else)."""
+the envelope of the API the route speaks: the one its (sub-)application names under
+``keys.ERROR_BODY`` (Anthropic's sub-application at ``/v1/messages``), else OpenAI's."""
 
 from __future__ import annotations
 
@@ -12,29 +12,25 @@ from typing import Callable
 from aiohttp import web
 
 from sidecar import logs
-from sidecar.anthropic.shapes import error_body as anthropic_error_body
 from sidecar.conversation.store import SESSION_ID_RE
 from sidecar.errors import APIError, body_too_large, invalid_request
+from sidecar.frontdoor.session_id import SESSION_HEADER
 from sidecar.metrics import CLIENT_CLOSED
 from sidecar.server import keys
 from sidecar.server.auth import SCOPE
 
 access_log = logging.getLogger("sidecar.access")
 
-ANTHROPIC_ROUTES = "/v1/messages"  # and the routes below it
-
-
-def error_envelope(path: str) -> Callable[[APIError], dict]:
-    """How errors on ``path`` are shaped: as the API that route speaks shapes them."""
-    if path == ANTHROPIC_ROUTES or path.startswith(ANTHROPIC_ROUTES + "/"):
-        return anthropic_error_body
-    return APIError.body
+def error_envelope(request: web.Request) -> Callable[[APIError], dict]:
+    """How errors of ``request`` are shaped: as the application its route is in says (the
+    innermost one: a sub-application's routes, and paths under its prefix, speak its API)."""
+    return request.match_info.apps[-1].get(keys.ERROR_BODY, APIError.body)
 
 
 @web.middleware
 async def error_middleware(request: web.Request, handler):
     """Turn APIError and aiohttp's own HTTP errors into the route's error envelope; never leak a traceback."""
-    envelope = error_envelope(request.path)
+    envelope = error_envelope(request)
 
     def error_response(err: APIError) -> web.Response:
         response = web.json_response(envelope(err), status=err.status, headers=err.headers)
@@ -124,5 +120,5 @@ def log_access(request: web.Request, status: int, elapsed_s: float, slow_s: floa
 
 def _session_header(request: web.Request) -> str | None:
     """An explicit session id from the header (for requests refused before the session was known)."""
-    value = request.headers.get("X-Session-Id")
+    value = request.headers.get(SESSION_HEADER)
     return value if value and SESSION_ID_RE.match(value) else None

@@ -1,15 +1,15 @@
 """The routes: each reads what the request carries and hands it on (to a front door, the session
-store, the workers); none decides anything itself."""
+store, the workers); none decides anything itself. They read the app's keys through
+``request.config_dict``: a route may sit in a sub-application (Anthropic's, for its error envelope)."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from sidecar.conversation.store import scoped_id
 from sidecar.anthropic import messages as anthropic_messages
 from sidecar.errors import APIError
 from sidecar.openai import chat_completions as openai_chat
@@ -17,38 +17,38 @@ from sidecar.responses import responses as openai_responses
 from sidecar.server import keys
 from sidecar.server.body import BodyLimits, read_json_body
 from sidecar.server.auth import request_scope
+from sidecar.turn.core import TurnCore
+
+Door = Callable[[web.Request, Any, TurnCore, str], Awaitable[web.StreamResponse]]
 
 
 async def read_json(request: web.Request) -> Any:
     """The body as strict JSON within the configured limits (``sidecar.server.body``)."""
-    app = request.app
-    return await read_json_body(request, BodyLimits.of(app[keys.SETTINGS].server, app[keys.BULK_BODIES]))
+    config = request.config_dict
+    return await read_json_body(request, BodyLimits.of(config[keys.SETTINGS].server, config[keys.BULK_BODIES]))
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    body = await read_json(request)
-    return await openai_chat.handle(request, body, request.app[keys.TURNS], request_scope(request) or "")
+def door_route(door: Door) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The route of a front door's handler: the body read (``read_json``), the turn core and the
+    key's scope handed to ``door``."""
+
+    async def route(request: web.Request) -> web.StreamResponse:
+        body = await read_json(request)
+        return await door(request, body, request.config_dict[keys.TURNS], request_scope(request) or "")
+
+    return route
 
 
-async def messages(request: web.Request) -> web.StreamResponse:
-    body = await read_json(request)
-    return await anthropic_messages.handle(request, body, request.app[keys.TURNS], request_scope(request) or "")
-
-
-async def count_tokens(request: web.Request) -> web.Response:
-    body = await read_json(request)
-    return await anthropic_messages.count_tokens(request, body, request.app[keys.TURNS], request_scope(request) or "")
-
-
-async def responses(request: web.Request) -> web.StreamResponse:
-    body = await read_json(request)
-    return await openai_responses.handle(request, body, request.app[keys.TURNS], request_scope(request) or "")
+chat_completions = door_route(openai_chat.handle)
+messages = door_route(anthropic_messages.handle)
+count_tokens = door_route(anthropic_messages.count_tokens)
+responses = door_route(openai_responses.handle)
 
 
 async def models(request: web.Request) -> web.Response:
     """The served model; 503 while no engine has named it (a client would otherwise pick a
     placeholder name and get 404s once the engine is up)."""
-    name = await request.app[keys.TURNS].fleet.require_model_name()
+    name = await request.config_dict[keys.TURNS].fleet.require_model_name()
     return web.json_response({"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "sglang"}]})
 
 
@@ -61,9 +61,9 @@ async def root(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    workers = request.app[keys.WORKERS]
+    workers = request.config_dict[keys.WORKERS]
     up = await workers.healthy()
-    request.app[keys.ENGINE_HEALTH].record(up)
+    request.config_dict[keys.ENGINE_HEALTH].record(up)
     capacity = [
         {"gpu_tokens": w.capacity.max_total_num_tokens, "host_tokens": w.capacity.host_tokens, "plugin": w.capacity.plugin}
         for w in workers
@@ -71,20 +71,20 @@ async def health(request: web.Request) -> web.Response:
     body = {
         "status": "ok" if up else "engine_unavailable",
         "sglang": up,
-        "sessions": len(request.app[keys.SESSIONS]),
+        "sessions": len(request.config_dict[keys.SESSIONS]),
         "capacity": capacity[0] if len(capacity) == 1 else capacity,
     }
     return web.json_response(body, status=200 if up else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[keys.METRICS].registry)
+    body = generate_latest(request.config_dict[keys.METRICS].registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def sessions(request: web.Request) -> web.Response:
     now = time.monotonic()
-    data = [s.describe(now) for s in request.app[keys.SESSIONS].all(request_scope(request))]
+    data = [s.describe(now) for s in request.config_dict[keys.SESSIONS].all(request_scope(request))]
     return web.json_response({"object": "list", "data": data})
 
 
@@ -95,11 +95,5 @@ async def close_session(request: web.Request) -> web.Response:
         sid = body.get("session_id") if isinstance(body, dict) else None
         if not isinstance(sid, str):
             raise APIError(400, "session_id is required", param="session_id")
-    store = request.app[keys.SESSIONS]
-    session = store.get(scoped_id(request_scope(request) or "", sid))
-    if session is None:
-        raise APIError(404, f"no session {sid!r}", type="not_found", code="session_not_found")
-    if session.inflight:
-        raise APIError(409, f"session {sid!r} has a request in flight", code="session_busy")
-    store.forget(session, "client")
+    request.config_dict[keys.SESSIONS].close(sid, request_scope(request) or "")
     return web.json_response({"id": sid, "object": "session.deleted", "deleted": True})
