@@ -8,16 +8,15 @@ there is one client). The admission queue's own fairness (keys served in turn, e
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 
-from sidecar.errors import APIError
+from sidecar.errors import APIError, retry_after
 
 
 def too_many(message: str, retry_after_s: float, code: str) -> APIError:
     return APIError(
-        429, message, type="rate_limit_error", code=code, headers={"Retry-After": str(max(1, math.ceil(retry_after_s)))}
+        429, message, type="rate_limit_error", code=code, headers=retry_after(retry_after_s)
     )
 
 

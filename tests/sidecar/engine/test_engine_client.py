@@ -88,7 +88,11 @@ async def test_a_web_server_that_is_not_sglang_gets_one_clear_line_not_its_page(
     """Something else on the engine port (a web server's HTML 404) is named as such, on one line."""
     page = "<!DOCTYPE HTML>\n<html><body><h1>Error response</h1>\n<p>File not found.</p></body></html>\n"
     app = web.Application()
-    app.router.add_get("/server_info", lambda request: web.Response(status=404, text=page, content_type="text/html"))
+
+    async def not_found(request):
+        return web.Response(status=404, text=page, content_type="text/html")
+
+    app.router.add_get("/server_info", not_found)
     server = await aiohttp_server(app)
     async with aiohttp.ClientSession() as http:
         client = EngineClient(str(server.make_url("")).rstrip("/"), http)
