@@ -21,15 +21,6 @@ from sidecar.turn.offload import OFFLOAD_CHARS
 from sidecar.turn.request import TurnRequest
 
 
-@pytest.fixture
-async def core(sglang_double, qwen3_tokenizer):
-    settings = load_settings(overrides={"policy": {"mode": "fixed", "fixed_ttl": 20.0}})
-    async with aiohttp.ClientSession() as http:
-        engine = EngineClient(sglang_double.url, http)
-        worker = Worker(engine, EngineCapacity.from_server_info(await engine.server_info()))
-        yield build_core(settings, qwen3_tokenizer, Workers([worker]), SidecarMetrics(), "test-model")
-
-
 class Costs:
     """Characters hashed and tokenized, and jobs sent to the offload thread, while counting."""
 

@@ -19,15 +19,6 @@ from sidecar.turn.core import build_core
 from sidecar.turn.request import TurnRequest
 
 
-@pytest.fixture
-async def core(sglang_double, qwen3_tokenizer):
-    settings = load_settings(overrides={"policy": {"mode": "fixed", "fixed_ttl": 20.0}})
-    async with aiohttp.ClientSession() as http:
-        engine = EngineClient(sglang_double.url, http)
-        worker = Worker(engine, EngineCapacity.from_server_info(await engine.server_info()))
-        yield build_core(settings, qwen3_tokenizer, Workers([worker]), SidecarMetrics(), "test-model")
-
-
 async def run(core, request: TurnRequest) -> str:
     async with core.turn(request) as turn:
         return "".join([e.text async for e in turn.events() if isinstance(e, ContentDelta)])
