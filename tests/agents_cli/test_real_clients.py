@@ -165,3 +165,43 @@ def test_codex_runs_a_tool_and_continues_its_session(clis, demo, tmp_path):
     assert prompt > 0 and cached >= CACHED_SHARE * prompt, (so_far, total)
     _continues(demo, before, after_first, _sessions(demo))
     _all_2xx(demo, "/v1/responses")
+
+
+SHELL = {"name": "shell", "description": "Run a shell command and return its output",
+         "schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}
+
+
+def test_the_openai_sdk_completes_a_tool_loop_against_the_demo(demo):
+    """The official openai client: the demo's model calls the offered tool, then answers and stops."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=demo + "/v1", api_key="unused", max_retries=0)
+    tools = [{"type": "function", "function": {"name": SHELL["name"], "description": SHELL["description"],
+                                               "parameters": SHELL["schema"]}}]
+    messages = [{"role": "user", "content": "list the files here"}]
+    first = client.chat.completions.create(model=SERVED, messages=messages, tools=tools, max_tokens=200)
+    assert first.choices[0].finish_reason == "tool_calls"
+    (call,) = first.choices[0].message.tool_calls
+    assert call.function.name == "shell" and isinstance(json.loads(call.function.arguments), dict)
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "README.md\nsetup.py"}]
+    final = client.chat.completions.create(model=SERVED, messages=messages, tools=tools, max_tokens=200)
+    assert final.choices[0].finish_reason == "stop" and final.choices[0].message.content
+    assert final.usage.prompt_tokens_details.cached_tokens > 0  # the same session, continued
+
+
+def test_the_anthropic_sdk_completes_a_tool_loop_against_the_demo(demo):
+    """The official anthropic client: tool_use, then tool_result, then end_turn."""
+    import anthropic
+    client = anthropic.Anthropic(base_url=demo, api_key="unused", max_retries=0)
+    tools = [{"name": SHELL["name"], "description": SHELL["description"], "input_schema": SHELL["schema"]}]
+    messages = [{"role": "user", "content": "list the files here"}]
+    first = client.messages.create(model=SERVED, max_tokens=200, messages=messages, tools=tools)
+    assert first.stop_reason == "tool_use"
+    (use,) = [block for block in first.content if block.type == "tool_use"]
+    assert use.name == "shell" and isinstance(use.input, dict)
+    messages += [{"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in first.content]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "README.md"}]}]
+    final = client.messages.create(model=SERVED, max_tokens=200, messages=messages, tools=tools)
+    assert final.stop_reason == "end_turn" and any(block.type == "text" and block.text for block in final.content)
+    assert final.usage.cache_read_input_tokens > 0
