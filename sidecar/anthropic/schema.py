@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from sidecar.errors import invalid_request
-from sidecar.frontdoor.body import MAX_STOP_COUNT, TOOL_NAME_PATTERN, TOP_K_ALL, check_counts, known_types, parse_body
-from sidecar.frontdoor.messages import ToolCallLedger, assistant_message, function_tool, tool_call, tool_message
+from sidecar.frontdoor.request_model import MAX_STOP_COUNT, TOOL_NAME_PATTERN, TOP_K_ALL, check_counts, known_types, parse_body
+from sidecar.frontdoor.canonical_messages import ToolCallLedger, assistant_message, function_tool, tool_call, tool_message
 
 
 class TextBlock(BaseModel):

@@ -14,7 +14,7 @@ from typing import Any
 
 from sidecar.errors import APIError
 from sidecar.frontdoor.blocks import Block, BlockDelta, BlockEvent, BlockStart, ReplyBlocks
-from sidecar.frontdoor.messages import json_or_str
+from sidecar.frontdoor.canonical_messages import json_or_str
 from sidecar.frontdoor.stream import event_frame
 from sidecar.generation.relay import GenerationResult
 from sidecar.generation.tool_parsers import Event

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sidecar.frontdoor.body import MAX_STOP_COUNT, TOOL_NAME_PATTERN, TOP_K_ALL, check_counts, parse_body
-from sidecar.frontdoor.messages import tool_call
+from sidecar.frontdoor.request_model import MAX_STOP_COUNT, TOOL_NAME_PATTERN, TOP_K_ALL, check_counts, parse_body
+from sidecar.frontdoor.canonical_messages import tool_call
 
 
 class TextPart(BaseModel):
@@ -200,7 +200,7 @@ class ChatCompletionRequest(BaseModel):
 
 
 def parse_chat_request(body: Any, limits) -> ChatCompletionRequest:
-    """The parsed body (strict JSON from ``sidecar.server.body``) as a ChatCompletionRequest,
+    """The parsed body (strict JSON from ``sidecar.server.request_body``) as a ChatCompletionRequest,
     validated in strict mode (no coercion of strings or booleans into numbers) after its counts
     (``limits``: ServerSettings' max_messages, max_tools, max_content_parts); else one 400 naming
     the offending field."""

@@ -21,8 +21,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, field_validator
 
-from sidecar.frontdoor.body import TOOL_NAME_PATTERN, check_counts, known_types, parse_body
-from sidecar.frontdoor.messages import ToolCallLedger, function_tool, tool_call, tool_message
+from sidecar.frontdoor.request_model import TOOL_NAME_PATTERN, check_counts, known_types, parse_body
+from sidecar.frontdoor.canonical_messages import ToolCallLedger, function_tool, tool_call, tool_message
 
 log = logging.getLogger("sidecar.responses")
 

@@ -110,7 +110,7 @@ def create_app(settings: SidecarSettings, tokenizer=None) -> web.Application:
         raise StartupError(str(exc)) from None
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
-        # sidecar.server.body decodes bodies in bounded steps; a body left unread (refused, too
+        # sidecar.server.request_body decodes bodies in bounded steps; a body left unread (refused, too
         # slow) is drained for at most 1 s before its connection closes (aiohttp's default: 10 s);
         # idle connections are closed by sidecar.server.connections (aiohttp's own timer just after)
         handler_args={"auto_decompress": False, "lingering_time": 1.0,

@@ -15,7 +15,7 @@ from sidecar.errors import APIError
 from sidecar.openai import chat_completions as openai_chat
 from sidecar.responses import responses as openai_responses
 from sidecar.server import keys
-from sidecar.server.body import BodyLimits, read_json_body
+from sidecar.server.request_body import BodyLimits, read_json_body
 from sidecar.server.auth import request_scope
 from sidecar.turn.core import TurnCore
 
@@ -23,7 +23,7 @@ Door = Callable[[web.Request, Any, TurnCore, str], Awaitable[web.StreamResponse]
 
 
 async def read_json(request: web.Request) -> Any:
-    """The body as strict JSON within the configured limits (``sidecar.server.body``)."""
+    """The body as strict JSON within the configured limits (``sidecar.server.request_body``)."""
     config = request.config_dict
     return await read_json_body(request, BodyLimits.of(config[keys.SETTINGS].server, config[keys.BULK_BODIES]))
 

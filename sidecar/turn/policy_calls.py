@@ -1,7 +1,7 @@
 """The policy's calls of one turn, in the order a turn makes them.
 
 The turn core (``sidecar.turn.core.Turn``) makes these calls, and so does the simulator's
-in-process sidecar (``sidecar_tools.simulator.replay.SidecarLoop``): one sequence, so what the
+in-process sidecar (``sidecar_tools.simulator.virtual_replay.SidecarLoop``): one sequence, so what the
 simulator measures is what the product does. Admission (``policy.admit``, or the simulator's
 ``offer_admission`` in virtual time) comes before :func:`turn_started`; ``release_admission``
 after the turn ended, however it ended.

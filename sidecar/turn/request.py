@@ -42,7 +42,7 @@ class TurnRequest:
 def check_counts(messages: int, tools: int, limits: Any, messages_param: str = "messages") -> None:
     """The one rule on how many messages and tools a turn carries (``limits``: ServerSettings'
     max_messages, max_tools): a 400 past either. The doors apply it to the body as sent, before
-    validating it (``sidecar.frontdoor.body.check_counts``), the core to the turn a door made of it."""
+    validating it (``sidecar.frontdoor.request_model.check_counts``), the core to the turn a door made of it."""
     if messages > limits.max_messages:
         raise invalid_request(f"too many {messages_param} ({messages} > {limits.max_messages})", param=messages_param)
     if tools > limits.max_tools:

@@ -44,7 +44,7 @@ from typing import Any
 import aiohttp
 import click
 
-from sidecar_tools.benchmarks.load_test import (
+from sidecar_tools.benchmarks.load_benchmark import (
     HOST,
     LOAD_MODEL,
     REPO_ROOT,

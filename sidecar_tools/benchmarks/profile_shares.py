@@ -7,7 +7,7 @@ whose frames it contains, in the order below (so the tokenizer called from a ren
 tokenizer, not as render); prints a markdown table of the shares. Functions renamed since the
 committed profile was recorded are matched under both names (SessionRegistry.resolve is now
 SessionStore.resolve, remember_turn is Turn._record). Record the profile with
-``python -m sidecar_tools.benchmarks.load_test ... --mode sidecar --sidecar-arg=--event-loop=asyncio --profile F``
+``python -m sidecar_tools.benchmarks.load_benchmark ... --mode sidecar --sidecar-arg=--event-loop=asyncio --profile F``
 (asyncio, so the event loop's own frames are visible).
 """
 

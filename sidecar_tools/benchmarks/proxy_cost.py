@@ -3,7 +3,7 @@ between the agents and the engine, and the latency outside the engine, at severa
 
     python -m sidecar_tools.benchmarks.proxy_cost --out benchmarks/results/load/cost
 
-Scenarios (each a load-test phase per proxy, on a fresh engine and proxy; see ``load_test``):
+Scenarios (each a load-test phase per proxy, on a fresh engine and proxy; see ``load_benchmark``):
 
 * ``long-256``: 256 agents, 20 turns a session, 1,000-token tool results (histories grow to ~21K tokens);
 * ``agents-500``: the load test's 500-agent setting (10 turns, 100-token tool results);
@@ -34,7 +34,7 @@ from typing import Any
 
 import click
 
-from sidecar_tools.benchmarks.load_test import PROXIES, LoadConfig, build_workload, machine_info, run_phase
+from sidecar_tools.benchmarks.load_benchmark import PROXIES, LoadConfig, build_workload, machine_info, run_phase
 
 SIDECAR_ARGS = ("--session-idle-grace=3600",)  # idle sessions stay open for the whole phase
 

@@ -3,7 +3,7 @@ load test and engine stand-in then measure an older sidecar against this one.
 
     git worktree add /tmp/sidecar-old c20c19b
     LOAD_TEST_SIDECAR_LAUNCH="python3 -m sidecar_tools.benchmarks.sidecar_at_commit /tmp/sidecar-old" \\
-        python -m sidecar_tools.benchmarks.load_test --mode sidecar --sessions 250 --duration 30 ...
+        python -m sidecar_tools.benchmarks.load_benchmark --mode sidecar --sessions 250 --duration 30 ...
 
 The worktree's ``sidecar`` package goes first on ``sys.path``; flags the older CLI did not have
 (``--model-name``, which the load test passes) are dropped.

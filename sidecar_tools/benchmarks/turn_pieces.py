@@ -1,6 +1,6 @@
 """What each piece of one sidecar turn costs, in process, hot, next to the alternative it replaced.
 
-The load test (``benchmarks/load_test.py``) measures the sidecar as a whole; this times the pieces
+The load test (``benchmarks/load_benchmark.py``) measures the sidecar as a whole; this times the pieces
 of its turn on the same turn shape (system prompt of 1,000 tokens + one tool, ten turns of a short
 reply with a ``bash`` call and a 100-token tool result) so that the per-piece figures in
 ``benchmarks/results/load/README.md`` have a command behind them:
@@ -40,7 +40,7 @@ def _time(fn: Callable[[], Any], number: int, repeat: int) -> float:
 
 def _turn_shape(tokenizer_dir: str) -> dict[str, Any]:
     """The load test's conversation at its tenth turn, as the agent sends it."""
-    from sidecar_tools.benchmarks.load_test import LOAD_MODEL, REPLY_CALL, REPLY_TEXT, TOOLS
+    from sidecar_tools.benchmarks.load_benchmark import LOAD_MODEL, REPLY_CALL, REPLY_TEXT, TOOLS
     from sidecar_tools.benchmarks.textgen import TextSource
 
     source = TextSource(tokenizer_dir)
@@ -72,7 +72,7 @@ def measure(tokenizer_dir: str, number: int, repeat: int) -> dict[str, Any]:
     from sidecar.errors import LONE_SURROGATE
     from sidecar.id_text import IdText
     from sidecar.openai.schema import ChatCompletionRequest, parse_chat_request
-    from sidecar.server.body import parse_strict_json
+    from sidecar.server.request_body import parse_strict_json
     from sidecar.settings import ServerSettings
     from sidecar.openai.shapes import ChunkFrames
 

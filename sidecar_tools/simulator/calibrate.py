@@ -221,8 +221,8 @@ def simulate_spec(spec: dict[str, Any], cost: CostModel) -> tuple[dict[str, Any]
     ``workers`` (count), ``lose_worker`` (["W@T", ...]), ``shared_l3_gbps`` (a shared L3 store)."""
     from sidecar_tools.benchmarks.clients import ClientOptions
     from sidecar_tools.simulator.engine import SimEngine
-    from sidecar_tools.simulator.replay import SidecarLoop, VirtualReplay
-    from sidecar_tools.simulator.shared_l3 import SharedL3
+    from sidecar_tools.simulator.virtual_replay import SidecarLoop, VirtualReplay
+    from sidecar_tools.simulator.l3_store_model import SharedL3
     from sidecar_tools.simulator.workers import WorkerLoss
 
     trace = _trace(spec)

@@ -261,7 +261,7 @@ def _replay(ctx: click.Context, kw: dict[str, Any], policy_config: dict[str, Any
     from sidecar_tools.benchmarks.replay import load_trace, print_summary
     from sidecar_tools.simulator.costmodel import DEFAULT_CALIBRATION
     from sidecar_tools.progress import progress_bar
-    from sidecar_tools.simulator.replay import SidecarLoop, VirtualReplay
+    from sidecar_tools.simulator.virtual_replay import SidecarLoop, VirtualReplay
 
     if kw["lease_ttl"] is not None and sidecar_overrides is not None:
         raise click.UsageError("--lease-ttl is the client's lease without a sidecar; with --sidecar-policy the sidecar decides")
@@ -346,7 +346,7 @@ def _replay(ctx: click.Context, kw: dict[str, Any], policy_config: dict[str, Any
 def _faults(kw: dict[str, Any]):
     """--lose-worker and --shared-l3 -> (WorkerLoss list, SharedL3 or None), checked before any engine is built."""
     from sidecar_tools.simulator.costmodel import load_calibration
-    from sidecar_tools.simulator.shared_l3 import SharedL3
+    from sidecar_tools.simulator.l3_store_model import SharedL3
     from sidecar_tools.simulator.workers import WorkerLoss, check_losses
 
     try:

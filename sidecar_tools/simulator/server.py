@@ -55,7 +55,7 @@ from sidecar_tools.simulator.generate_request import (
 from sidecar_tools.simulator.http_contract import api_key_guard, serve_in_thread, sglang_app
 from sidecar_tools.simulator.nocache_engine import NoCacheEngine
 from sidecar_tools.simulator.replies import DEFAULT_EOS_IDS, Responder, plan_reply, random_responder
-from sidecar_tools.simulator.shared_storage import SharedStorage
+from sidecar_tools.simulator.standin_storage import SharedStorage
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class SimServer:
                  record: bool = True, record_timings: bool = False,
                  engine_factory: Callable[[], Engine] | None = None, l3: SharedStorage | None = None):
         self.engine = engine
-        self.l3 = l3  # HiCache L3 storage shared with other workers (shared_storage.py)
+        self.l3 = l3  # HiCache L3 storage shared with other workers (standin_storage.py)
         self.engine_factory = engine_factory  # restart() builds the new process's engine with it
         self.time_scale = time_scale
         self.granularity_s = granularity_s

@@ -19,7 +19,7 @@ Test controls, all settable while it runs (``server.py`` documents them):
   on the same port: empty cache, no sessions, fresh metrics), ``run_in_thread`` + ``call_threadsafe``;
 * shared L3 storage: ``l3=SharedStorage()`` given to several stand-ins is one HiCache storage tier
   (``--hicache-storage-backend file`` on a shared path): a prompt prefix another worker wrote
-  counts as cached there (``shared_storage.py``);
+  counts as cached there (``standin_storage.py``);
 * what /server_info says: ``server_info_overrides`` (e.g. a larger ``max_total_num_tokens`` than
   the pool really has, so a test's admission never binds); ``api_key`` is SGLang's ``--api-key``;
 * records: ``requests``, ``results``, ``aborts``, ``opened_sessions``/``closed_sessions``,
@@ -45,7 +45,7 @@ from sidecar_tools.simulator.engine import SimEngine
 from sidecar_tools.simulator.nocache_engine import NoCacheEngine
 from sidecar_tools.simulator.replies import DEFAULT_EOS_IDS, Responder
 from sidecar_tools.simulator.server import SimServer, run_in_thread
-from sidecar_tools.simulator.shared_storage import SharedStorage
+from sidecar_tools.simulator.standin_storage import SharedStorage
 
 __all__ = ["SGLangStandIn", "run_in_thread"]
 

@@ -33,7 +33,7 @@ def run(monkeypatch, plugin_config: dict):
     from sidecar.settings import load_settings
     from sidecar_tools.benchmarks.clients import ClientOptions
     from sidecar_tools.simulator.engine import SimEngine
-    from sidecar_tools.simulator.replay import SidecarLoop, VirtualReplay
+    from sidecar_tools.simulator.virtual_replay import SidecarLoop, VirtualReplay
 
     engine = SimEngine(kv_tokens=173_200, policy="session_ttl",
                        policy_config={"max_leased_fraction": 0.8, **plugin_config}, context_length=131_072)

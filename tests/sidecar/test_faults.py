@@ -545,9 +545,9 @@ async def test_sidecar_process_killed_mid_stream_and_restarted(sglang_double, qw
 
 
 async def test_load_smoke_nothing_lost(qwen3_tokenizer_dir):
-    """A few seconds of ``benchmarks/load_test.py`` (real sidecar process, double process): every
+    """A few seconds of ``benchmarks/load_benchmark.py`` (real sidecar process, double process): every
     turn completes, the engine saw each exactly once, and every session continued turn after turn."""
-    from sidecar_tools.benchmarks.load_test import LoadConfig, run_load
+    from sidecar_tools.benchmarks.load_benchmark import LoadConfig, run_load
 
     cfg = LoadConfig(sessions=24, duration=2.0, drain=5.0, ramp=0.5, token_delay=0.005, think=0.05, turns=4,
                      system_tokens=200, tool_tokens=30, pin=False)

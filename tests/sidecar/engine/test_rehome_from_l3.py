@@ -10,7 +10,7 @@ from aiohttp import web
 
 from sidecar.server.app import create_app
 from sidecar.settings import load_settings
-from sidecar_tools.simulator.shared_storage import SharedStorage
+from sidecar_tools.simulator.standin_storage import SharedStorage
 from sidecar_tools.simulator.standin import SGLangStandIn
 
 openai = pytest.importorskip("openai")

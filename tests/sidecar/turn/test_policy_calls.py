@@ -3,7 +3,7 @@ in-process sidecar makes the very same calls (one sequence, so simulated figures
 
 from __future__ import annotations
 
-from sidecar_tools.simulator.replay import SidecarLoop
+from sidecar_tools.simulator.virtual_replay import SidecarLoop
 
 from sidecar.engine.lease import LeaseRequest
 from sidecar.settings import load_settings

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from sidecar_tools.benchmarks.load_test import LoadConfig, run_load
+from sidecar_tools.benchmarks.load_benchmark import LoadConfig, run_load
 from sidecar_tools.benchmarks.proxy_cost import markdown, table, targets
 
 SMALL = dict(sessions=6, duration=2.0, drain=5.0, ramp=0.3, token_delay=0.005, think=0.05, turns=3,

@@ -10,7 +10,7 @@ pytest.importorskip("sglang")
 from sidecar_tools.benchmarks.clients import ClientOptions
 from sidecar_tools.benchmarks.traces import build_config, generate
 from sidecar_tools.simulator.engine import SimEngine, SimRequest
-from sidecar_tools.simulator.replay import VirtualReplay
+from sidecar_tools.simulator.virtual_replay import VirtualReplay
 
 
 def _drain(engine):

@@ -129,7 +129,7 @@ def test_every_simulated_turn_reaches_the_progress_hook(cost):
     from sidecar_tools.benchmarks.clients import ClientOptions
     from sidecar_tools.benchmarks.traces import build_config, generate
     from sidecar_tools.simulator.engine import SimEngine
-    from sidecar_tools.simulator.replay import VirtualReplay
+    from sidecar_tools.simulator.virtual_replay import VirtualReplay
 
     trace = generate(build_config("reference", sessions=3, turns=3))
     seen = []

@@ -12,7 +12,7 @@ from sidecar_tools.benchmarks.traces import Round, Session, Trace
 
 def _replay(cost, trace, **kwargs):
     from sidecar_tools.simulator.engine import SimEngine
-    from sidecar_tools.simulator.replay import VirtualReplay
+    from sidecar_tools.simulator.virtual_replay import VirtualReplay
 
     engine = SimEngine(kv_tokens=50_000, policy="lru", cost=cost)
     return VirtualReplay(trace, engine, ClientOptions(close_sessions=True), **kwargs).run()

@@ -62,7 +62,7 @@ def test_one_worker_is_the_single_engine_replay(cost):
     from sidecar_tools.benchmarks.clients import ClientOptions
     from sidecar_tools.simulator.calibrate import _trace
     from sidecar_tools.simulator.engine import SimEngine
-    from sidecar_tools.simulator.replay import VirtualReplay
+    from sidecar_tools.simulator.virtual_replay import VirtualReplay
 
     def run(engines):
         trace = _trace({"preset": "reference", "sessions": 6, "turns": 4})

@@ -52,4 +52,4 @@ for name, label in (("product-3w", "no loss"), ("product-3w-lose0", "loss, recom
 lost = run("product-3w-lose0")
 if lost and lost["faults"].get("l3_break_even_gbps"):
     print(f"\nBreak-even L3 read bandwidth for the re-homed histories (mean, past the shared prompt): "
-          f"{lost['faults']['l3_break_even_gbps']} GB/s (`shared_l3.break_even_gbps`, idle-engine prefill).")
+          f"{lost['faults']['l3_break_even_gbps']} GB/s (`l3_store_model.break_even_gbps`, idle-engine prefill).")

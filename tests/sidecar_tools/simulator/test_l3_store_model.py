@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sidecar_tools.simulator.costmodel import CostModel, load_calibration
-from sidecar_tools.simulator.shared_l3 import SharedL3, break_even_gbps
+from sidecar_tools.simulator.l3_store_model import SharedL3, break_even_gbps
 from sidecar_tools.simulator.workers import WorkerLoss, check_losses
 
 

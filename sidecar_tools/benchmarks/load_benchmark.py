@@ -34,7 +34,7 @@ modes: the direct client keeps its prompt ids as JSON text (as the sidecar does)
 streamed chunks with pydantic-core; a busier direct client made the baseline slower.
 Also: requests/s, errors, and the sidecar's CPU and RSS sampled every second (psutil).
 
-    python -m sidecar_tools.benchmarks.load_test --sessions 500 --duration 60 --out benchmarks/results/load
+    python -m sidecar_tools.benchmarks.load_benchmark --sessions 500 --duration 60 --out benchmarks/results/load
 
 ``--profile FILE`` py-spies the sidecar during its phase (speedscope JSON); ``--uvloop`` runs the
 engine and the client on uvloop too (the sidecar itself picks uvloop when it is installed; pass
@@ -229,7 +229,7 @@ async def _wait_http(url: str, proc: Proc, timeout: float = 90.0) -> None:
 
 def start_engine(cfg: LoadConfig, reply_ids: list[int], cpus: list[int] | None) -> tuple[Proc, str]:
     port = _free_port()
-    code = ("from sidecar_tools.benchmarks.load_test import LoadConfig, serve_engine; "
+    code = ("from sidecar_tools.benchmarks.load_benchmark import LoadConfig, serve_engine; "
             f"serve_engine({port}, LoadConfig(**{asdict(cfg)!r}), {reply_ids!r})")
     return Proc("engine", [sys.executable, "-c", code], cpus), f"http://{HOST}:{port}"
 
@@ -823,7 +823,7 @@ def main(sessions, duration, drain, ramp, token_delay, think, turns, system_toke
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     result = asyncio.run(asyncio.wait_for(run_load(cfg, tokenizer_dir, modes, log), limit))
     result["machine"] = machine_info()
-    command = "python -m sidecar_tools.benchmarks.load_test " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = "python -m sidecar_tools.benchmarks.load_benchmark " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     result["command"] = command
     text = markdown(result, command)
     click.echo(text)

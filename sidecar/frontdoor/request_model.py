@@ -1,6 +1,6 @@
 """A request body into a front door's pydantic model, every failure one 400 in the door's words.
 
-The body arrives parsed: ``sidecar.server.body`` read it within its limits as strict JSON (no
+The body arrives parsed: ``sidecar.server.request_body`` read it within its limits as strict JSON (no
 duplicate keys, no NaN/Infinity). Here its lists are counted (messages, tools, content parts)
 before anything is validated, and it is validated in strict mode: no coercion of strings or
 booleans into numbers (``max_tokens`` is an integer, not ``true`` or ``"5"``)."""

@@ -11,8 +11,8 @@ import zlib
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from sidecar.server import body as body_module
-from sidecar.server.body import count_json_values
+from sidecar.server import request_body as body_module
+from sidecar.server.request_body import count_json_values
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 

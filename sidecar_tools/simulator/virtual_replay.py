@@ -28,7 +28,7 @@ own that only places (``SidecarLoop.placement``: mode off, admission off: the ro
 projected footprint). ``worker_losses`` kill a worker at a virtual time: its in-flight requests
 fail (the agent resends the turn after ``RETRY_AFTER_S``, as an OpenAI client retries a 502), its
 sessions are re-homed on their next turn (``LeasePolicy.relocate(sid, None)``, as ``sidecar.engine.fleet.Fleet``
-does) and recomputed there, unless a ``shared_l3.SharedL3`` store holds their KV: then the first
+does) and recomputed there, unless a ``l3_store_model.SharedL3`` store holds their KV: then the first
 turn on the new worker reads it back first.
 """
 
@@ -46,7 +46,7 @@ from sidecar_tools.benchmarks.records import TurnRecord, summarize
 from sidecar_tools.benchmarks.textgen import token_ids
 from sidecar_tools.benchmarks.traces import Session, Trace
 from sidecar_tools.simulator.engine import SimEngine, SimRequest
-from sidecar_tools.simulator.shared_l3 import SharedL3, break_even_gbps
+from sidecar_tools.simulator.l3_store_model import SharedL3, break_even_gbps
 from sidecar_tools.simulator.workers import SimWorker, WorkerLoss, WorkerSet, check_losses, worker_names
 from sglang_ext.wire import EXPECTED_BACK_PARAM, EXPECTED_SPREAD_PARAM, lease_params
 
@@ -611,7 +611,7 @@ class VirtualReplay:
 
     def _break_even(self, rehomed: list[TurnRecord]) -> float | None:
         """The L3 bandwidth at which reading a re-homed turn's history (its mean, past the shared
-        prefix) costs what prefilling it does (``shared_l3.break_even_gbps``)."""
+        prefix) costs what prefilling it does (``l3_store_model.break_even_gbps``)."""
         if not rehomed:
             return None
         own = sum(max(r.history_tokens - self.trace.shared_prefix_tokens, 0) for r in rehomed) / len(rehomed)
