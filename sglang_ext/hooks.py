@@ -342,9 +342,17 @@ def _yield_for_blocked(scheduler: Any, mgr: LeaseManager, running_batch: Any) ->
     host.blocked_need = need
     # SGLang's PrefillBudget: free + evictable, less what the running requests may still decode
     deficit = need + _running_reservation(scheduler, running_batch) - mgr.headroom_tokens()
-    if deficit > 0 and mgr.has_hard() and host.yield_room("prefill", deficit, _busy_sessions(scheduler)) > 0:
+    if deficit <= 0:
+        outcome = "fits"
+    elif not mgr.has_hard():
+        outcome = "no_hard_leases"
+    elif host.yield_room("prefill", deficit, _busy_sessions(scheduler)) > 0:
+        outcome = "yielded"
         if running_batch is not None and hasattr(running_batch, "batch_is_full"):
             running_batch.batch_is_full = False
+    else:
+        outcome = "unbacked"
+    mgr.metrics.inc("blocked_passes", outcome=outcome)
 
 
 @_guarded

@@ -74,6 +74,17 @@ METRIC_SPECS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         ),
         ("stage",),
     ),
+    "blocked_passes": (
+        "counter",
+        "sglang_ext:blocked_prefill_passes_total",
+        (
+            "Host tier: prefill passes whose head request was refused for KV, by what the plugin "
+            "could do: yielded (backed-up hard leases unlocked), unbacked (hard leases held, none "
+            "backed up), no_hard_leases (leases hold nothing; the room is the running batch's), "
+            "fits (free + evictable KV would hold it: refused for SGLang's own reserve)."
+        ),
+        ("outcome",),
+    ),
     "demotions": (
         "counter",
         "sglang_ext:session_lease_demotions_total",

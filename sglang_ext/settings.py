@@ -88,6 +88,12 @@ class SessionTTLSettings(BaseModel):
         description="Added to the reload time: a session expected back within reload time + this "
         "keeps its KV locked on the GPU, and a prefetch starts that long before the expected return.",
     )
+    lock_due_backed_up: bool = Field(
+        True,
+        description="With HiCache: lock a lease whose KV is all on the GPU and backed up on host while "
+        "its session is due back (the reload window) or has a request waiting. False: such KV stays "
+        "evictable (a reload if it goes) and only KV without a host copy is ever locked.",
+    )
     prefetch: bool = Field(
         False,
         description="With HiCache: load a session's KV back from host to GPU ahead of its expected "

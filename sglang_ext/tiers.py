@@ -61,6 +61,8 @@ def wants_hard(
         return True
     if state.host_only_tokens > 0:
         return False  # part of it is on host already: a lock would not keep a reload away
+    if not settings.lock_due_backed_up:
+        return False
     return busy or in_window(critical_window(lease, state.tokens, now, settings), now)
 
 
