@@ -45,18 +45,11 @@ OVERRIDES=()
 [ -n "${ENGINE_FLAGS+x}" ] && OVERRIDES+=(--engine-flags "$ENGINE_FLAGS")
 [ -n "${SIDECAR_FLAGS+x}" ] && OVERRIDES+=(--sidecar-flags "$SIDECAR_FLAGS")
 
-mkdir -p "$OUT/logs"
-OUT=$(cd "$OUT" && pwd)
-CMDS=$OUT/commands.txt
-# shellcheck disable=SC1091
-[ -f /tmp/sglang-env.sh ] && source /tmp/sglang-env.sh
-export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# shellcheck source=lib/sidecar.sh
+source "$REPO/benchmarks/lib/sidecar.sh"
+bench_setup "$REPO" "$OUT" capacity.log
 [ "$DIST" = traces ] && export SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1
-cd "$REPO" || exit 1
 
-log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/logs/capacity.log"; }
-quoted() { printf "%q " "$@"; }
-run() { echo "$(quoted "$@")" >>"$CMDS"; "$@"; }
 flags() {  # PART -> the configuration's flags, one per line (the capacity module is their one source)
   python3 -m sidecar_tools.benchmarks.capacity flags --config "$CONFIG" --hicache-ratio "$RATIO" --dist "$DIST" \
     --part "$1" "${OVERRIDES[@]}" | python3 -c 'import shlex, sys; print("\n".join(shlex.split(sys.stdin.read())))'
@@ -64,27 +57,7 @@ flags() {  # PART -> the configuration's flags, one per line (the capacity modul
 mapfile -t ENGINE_ARGS < <(flags engine) || exit 1
 mapfile -t SIDECAR_ARGS < <(flags sidecar) || exit 1
 [ ${#ENGINE_ARGS[@]} -gt 0 ] || { log "no engine flags for $CONFIG"; exit 1; }
-[ -f "$TOK_DIR/tokenizer.json" ] || run python3 -m sidecar_tools.benchmarks.qwen3_tokenizer "$TOK_DIR" || exit 1
-
-SIDECAR_PID=
-stop_sidecar() {
-  [ -n "$SIDECAR_PID" ] || return 0
-  kill "$SIDECAR_PID" 2>/dev/null; wait "$SIDECAR_PID" 2>/dev/null; SIDECAR_PID=
-}
-start_sidecar() {  # NAME
-  local cmd=(python3 -m sidecar serve --sglang-url "$ENGINE" --port "$SIDECAR_PORT" --tokenizer "$TOK_DIR" "${SIDECAR_ARGS[@]}")
-  echo "$(quoted "${cmd[@]}")&" >>"$CMDS"
-  "${cmd[@]}" >"$OUT/logs/sidecar-$1.log" 2>&1 &
-  SIDECAR_PID=$!
-  for _ in $(seq 90); do
-    curl -sf -o /dev/null "$SIDECAR/health" && return 0
-    kill -0 "$SIDECAR_PID" 2>/dev/null || break
-    sleep 1
-  done
-  log "sidecar did not come up; last lines:"; tail -20 "$OUT/logs/sidecar-$1.log"; return 1
-}
-stop_engine() { [ -f "/tmp/sglang-$PORT.pid" ] && kill -- "-$(cat "/tmp/sglang-$PORT.pid")" 2>/dev/null; }
-trap 'stop_sidecar; stop_engine' EXIT
+fetch_tokenizer || exit 1
 
 NAME=capacity-$CONFIG-$DIST-r$RATIO
 log "$NAME: serve ${ENGINE_ARGS[*]} $EXTRA_SGLANG_ARGS"
@@ -95,7 +68,7 @@ MODEL=$MODEL PORT=$PORT bash "$SERVE" "${ENGINE_ARGS[@]}" $EXTRA_SGLANG_ARGS || 
 status=0
 for rate in "${RATES[@]}"; do
   log "$NAME: rate $rate/min"
-  start_sidecar "$NAME-at-$rate" || { status=1; continue; }
+  start_sidecar "$NAME-at-$rate" "${SIDECAR_ARGS[@]}" || { status=1; continue; }
   run python3 -m sidecar_tools.benchmarks.capacity run --config "$CONFIG" --dist "$DIST" --hicache-ratio "$RATIO" \
     "${OVERRIDES[@]}" "${CAPACITY_ARGS[@]}" --rate "$rate" --url "$SIDECAR" --engine-url "$ENGINE" \
     --tokenizer "$TOK_DIR" --source "$SOURCE" --out "$OUT" 2>&1 | tee -a "$OUT/logs/capacity.log"

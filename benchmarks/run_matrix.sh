@@ -68,24 +68,16 @@ EXTRA_SGLANG_ARGS=${EXTRA_SGLANG_ARGS:-}
 ENGINE=http://127.0.0.1:$PORT
 PASS_THROUGH=(--policy-mode off --no-admission-enabled)
 
-mkdir -p "$OUT/logs"
-OUT=$(cd "$OUT" && pwd)
-CMDS=$OUT/commands.txt
-# shellcheck disable=SC1091
-[ -f /tmp/sglang-env.sh ] && source /tmp/sglang-env.sh
-export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-cd "$REPO" || exit 1
-
-log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/logs/matrix.log"; }
-quoted() { printf "%q " "$@"; }
-run() { echo "$(quoted "$@")" >>"$CMDS"; "$@"; }
+# shellcheck source=lib/sidecar.sh
+source "$REPO/benchmarks/lib/sidecar.sh"
+bench_setup "$REPO" "$OUT" matrix.log
 
 TRACE=${TRACE:-$OUT/trace.jsonl}
 OVERLOAD_TRACE=$OUT/trace-overload.jsonl
 REAL_TRACES=$REPO/benchmarks/results/real-traces
 LONG_CONTEXT=65536
 [ -f "$TRACE" ] || run python3 -m sidecar_tools.benchmarks.traces generate --preset reference --out "$TRACE" >"$OUT/trace-stats.json"
-[ -f "$TOK_DIR/tokenizer.json" ] || run python3 -m sidecar_tools.benchmarks.qwen3_tokenizer "$TOK_DIR" || exit 1
+fetch_tokenizer || exit 1
 
 real_trace() {  # SOURCE OUT START_SPACING REPLICATE OFFSET: the simulator's replication, as a trace file
   [ -f "$2" ] && return 0
@@ -104,27 +96,6 @@ sessions = [s.model_copy(update={"session_id": s.session_id.replace("~r", "@r")}
 save_jsonl(trace.model_copy(update={"sessions": sessions}), out)
 PY
 }
-
-SIDECAR_PID=
-stop_sidecar() {
-  [ -n "$SIDECAR_PID" ] || return 0
-  kill "$SIDECAR_PID" 2>/dev/null; wait "$SIDECAR_PID" 2>/dev/null; SIDECAR_PID=
-}
-start_sidecar() {  # RUN_NAME SIDECAR_FLAGS...
-  local name=$1; shift
-  local cmd=(python3 -m sidecar serve --sglang-url "$ENGINE" --port "$SIDECAR_PORT" --tokenizer "$TOK_DIR" "$@")
-  echo "$(quoted "${cmd[@]}")&" >>"$CMDS"
-  "${cmd[@]}" >"$OUT/logs/sidecar-$name.log" 2>&1 &
-  SIDECAR_PID=$!
-  for _ in $(seq 90); do
-    curl -sf -o /dev/null "127.0.0.1:$SIDECAR_PORT/health" && return 0
-    kill -0 "$SIDECAR_PID" 2>/dev/null || break
-    sleep 1
-  done
-  log "sidecar did not come up; last lines:"; tail -20 "$OUT/logs/sidecar-$name.log"; return 1
-}
-stop_engine() { [ -f "/tmp/sglang-$PORT.pid" ] && kill -- "-$(cat "/tmp/sglang-$PORT.pid")" 2>/dev/null; }
-trap 'stop_sidecar; stop_engine' EXIT
 
 plugin_installed() {  # SGLang finds plugins through the sglang.srt.plugins entry point
   python3 -c 'import importlib.metadata as m, sys; sys.exit(not any(e.name == "session_ttl" for e in m.entry_points(group="sglang.srt.plugins")))'
@@ -185,7 +156,7 @@ for spec in $RUNS; do
   fi
   name=$spec$RUN_TAG
   # a fresh sidecar per run: what its predictor learned in one run must not carry into the next
-  start_sidecar "$name" "${sidecar[@]}" || { stop_sidecar; continue; }
+  start_sidecar "$name" "${sidecar[@]}" || continue
   log "run $name"
   log_from=$(($(wc -l <"/tmp/sglang-$PORT.log" 2>/dev/null || echo 0) + 1))
   gap_flags=(); [ -n "$gap" ] && gap_flags=(--tool-wait "$gap")  # real traces: recorded gaps

@@ -2,8 +2,10 @@
 
 Every hook finds the lease manager through the cache it is given
 (``cache.tree_core.eviction_strategy`` is our ``SessionTTLStrategy``); with any
-other eviction policy every hook is a no-op. Hook bodies never raise into SGLang
-(errors are logged) unless ``SGLANG_EXT_STRICT=1`` (tests).
+other eviction policy every hook is a no-op. What the hooks remember of the scheduler
+between calls (the request a pass refused, the scheduler itself for the reserve and the
+decode valve) is a ``PassState`` beside the manager (``pass_state``), not manager state.
+Hook bodies never raise into SGLang (errors are logged) unless ``SGLANG_EXT_STRICT=1`` (tests).
 
 Call sites (scheduler process unless noted):
 * tree core selection  -> Python TreeCore for session_ttl (the Rust core rejects it)
@@ -40,12 +42,15 @@ from typing import Any
 from .manager import LeaseManager
 from .settings import POLICY_NAME, SessionTTLSettings
 from .strategy import SessionTTLStrategy
-from .wire import AFTER_TURN_PREFIX, parse_after_turn_key, seconds_or_none
+from .wire import AFTER_TURN_PREFIX, parse_after_turn
 
 logger = logging.getLogger(__name__)
 
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
 _CACHE = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
+
+DEFAULT_CHUNK_TOKENS = 8192  # SGLang's --chunked-prefill-size default (a scheduler without one)
+DECODE_RESERVE_STEPS = 4  # decode steps of the running batch a lease must not take the room of
 
 
 # --------------------------------------------------------------------------- helpers
@@ -78,6 +83,61 @@ def manager_of(cache: Any) -> LeaseManager | None:
     if not isinstance(strategy, SessionTTLStrategy) or not hasattr(core, "node_by_id"):
         return None
     return strategy.bind(cache)
+
+
+@dataclass
+class PassState:
+    """What the hooks remember between calls about one cache's scheduler: the lease manager keeps
+    lease state only. One per manager (``pass_state``), found from the cache as the manager is."""
+
+    scheduler: Any = None  # weakref to the scheduler, from its first prefill pass on
+    blocked_head: Any = None  # the first request the current prefill pass refused for lack of KV
+    admission_tried: bool = False  # add_one_req ran in the current pass
+    # GPU KV the last refused request still needs: no lock and no prefetch may take it until a
+    # pass admits it (work-conserving leases over a host tier)
+    blocked_need: int = 0
+    metrics_checked: bool = False  # whether exporting lease metrics to /metrics was decided
+
+    def live_scheduler(self) -> Any:
+        return self.scheduler() if self.scheduler is not None else None
+
+
+# manager -> its PassState; the state holds no reference back, so a manager's goes with it
+_PASSES: weakref.WeakKeyDictionary[LeaseManager, PassState] = weakref.WeakKeyDictionary()
+
+
+def pass_state(mgr: LeaseManager) -> PassState:
+    """The hooks' state beside ``mgr``; the first call tells its host tier what the scheduler's
+    work claims of the GPU KV (``HostTier.claimed``)."""
+    state = _PASSES.get(mgr)
+    if state is None:
+        state = _PASSES[mgr] = PassState()
+        mgr.host.claimed = functools.partial(_claimed_tokens, state, mgr.tree)
+    return state
+
+
+def reserve_tokens(scheduler: Any, tree: Any) -> int:
+    """GPU KV the scheduler's own work may claim next, which leases must leave evictable: a
+    whole prefill chunk while a prefill is in progress or waiting (SGLang continues a chunked
+    prefill with a full chunk even when its budget says none is left; at most a quarter of
+    the pool), plus a few decode steps of the running batch, a page each. Nothing while the
+    scheduler has no work (or before its prefill hook ran once: ``scheduler`` None)."""
+    if scheduler is None:
+        return 0
+    page = max(int(getattr(tree.cache, "page_size", 1) or 1), 1)
+    running = getattr(getattr(scheduler, "running_batch", None), "reqs", None) or ()
+    prefilling = getattr(scheduler, "chunked_req", None) is not None or bool(getattr(scheduler, "waiting_queue", None))
+    if not (prefilling or running):
+        return 0
+    chunk = 0
+    if prefilling:
+        chunk = getattr(scheduler, "chunked_prefill_size", None) or DEFAULT_CHUNK_TOKENS
+        chunk = min(int(chunk), tree.capacity_tokens() // 4)
+    return chunk + 2 * page + DECODE_RESERVE_STEPS * page * len(running)
+
+
+def _claimed_tokens(state: PassState, tree: Any) -> int:
+    return reserve_tokens(state.live_scheduler(), tree) + state.blocked_need
 
 
 def _session_ids(reqs: Iterable[Any]) -> set[str]:
@@ -262,9 +322,10 @@ def _on_tick(scheduler_ref, tick: LeaseClockTick):
 
 def _maybe_export_metrics(scheduler: Any, mgr: LeaseManager) -> None:
     """Mirror lease metrics into /metrics once, from the ranks SGLang reports from."""
-    if mgr.metrics.exported or mgr.metrics_checked:
+    state = pass_state(mgr)
+    if mgr.metrics.exported or state.metrics_checked:
         return
-    mgr.metrics_checked = True
+    state.metrics_checked = True
     ctx = getattr(scheduler, "metrics_collector_context", None)
     collector = getattr(scheduler, "metrics_collector", None)
     if collector is None or not getattr(
@@ -283,10 +344,11 @@ def add_one_req(result, adder, req, *args, **kwargs):
     mgr = manager_of(adder.tree_cache)
     if mgr is None:
         return
-    mgr.admission_tried = True
+    state = pass_state(mgr)
+    state.admission_tried = True
     if getattr(result, "name", None) == "NO_TOKEN":
-        if mgr.blocked_head is None:
-            mgr.blocked_head = req
+        if state.blocked_head is None:
+            state.blocked_head = req
     elif req in adder.can_run_list:
         mgr.on_admitted(
             getattr(req, "session_id", None), req.last_node, int(getattr(req, "host_loaded_length", 0) or 0)
@@ -307,46 +369,47 @@ def get_new_batch_prefill_raw(original, scheduler, *args, **kwargs):
     mgr = manager_of(scheduler.tree_cache)
     if mgr is None:
         return original(scheduler, *args, **kwargs)
-    if mgr.scheduler_ref is None:
-        mgr.scheduler_ref = weakref.ref(scheduler)  # for the decode valve
-    mgr.blocked_head = None
-    mgr.admission_tried = False
+    state = pass_state(mgr)
+    if state.scheduler is None:
+        state.scheduler = weakref.ref(scheduler)  # for the decode valve and the reserve
+    state.blocked_head = None
+    state.admission_tried = False
     if getattr(scheduler, "chunked_req", None) is not None and mgr.has_hard():
-        _relieve_chunk_pressure(scheduler, mgr)
+        _relieve_chunk_pressure(scheduler, mgr, state)
     if mgr.settings.prefer_leased_requests:
         leased_first(scheduler.waiting_queue, mgr)
     result = original(scheduler, *args, **kwargs)
     if mgr.host.active:
-        _yield_for_blocked(scheduler, mgr, result[1])
-    if result[0] is None and mgr.blocked_head is not None and mgr.has_hard():
-        _relieve_prefill_stall(scheduler, mgr, result[1])
-    mgr.blocked_head = None
+        _yield_for_blocked(scheduler, mgr, state, result[1])
+    if result[0] is None and state.blocked_head is not None and mgr.has_hard():
+        _relieve_prefill_stall(scheduler, mgr, state.blocked_head, result[1])
+    state.blocked_head = None
     if mgr.host.active:
         _after_prefill_pass(scheduler, mgr, result[0])
     return result
 
 
 @_guarded
-def _yield_for_blocked(scheduler: Any, mgr: LeaseManager, running_batch: Any) -> None:
+def _yield_for_blocked(scheduler: Any, mgr: LeaseManager, state: PassState, running_batch: Any) -> None:
     """Work-conserving leases over a host tier: a request refused for lack of KV never waits for
     leased KV that is backed up on host. Such leases are unlocked (they stay soft; their KV reloads
     if evicted) until the refused request fits, and the running batch is told to try again
     (SGLang keeps ``batch_is_full`` until a request leaves otherwise). Until a later pass admits
-    it, no lease is locked or prefetched into the room it needs (``HostTier.blocked_need``)."""
-    host, head = mgr.host, mgr.blocked_head
+    it, no lease is locked or prefetched into the room it needs (``PassState.blocked_need``)."""
+    head = state.blocked_head
     if head is None:
-        if mgr.admission_tried or not scheduler.waiting_queue:
-            host.blocked_need = 0  # the queue moved (or is empty): nothing waits for room
+        if state.admission_tried or not scheduler.waiting_queue:
+            state.blocked_need = 0  # the queue moved (or is empty): nothing waits for room
         return
     need = _prefill_need(mgr, head)
-    host.blocked_need = need
+    state.blocked_need = need
     # SGLang's PrefillBudget: free + evictable, less what the running requests may still decode
-    deficit = need + _running_reservation(scheduler, running_batch) - mgr.headroom_tokens()
+    deficit = need + _running_reservation(scheduler, running_batch) - mgr.tree.headroom_tokens()
     if deficit <= 0:
         outcome = "fits"
     elif not mgr.has_hard():
         outcome = "no_hard_leases"
-    elif host.yield_room("prefill", deficit, _busy_sessions(scheduler)) > 0:
+    elif mgr.host.yield_room("prefill", deficit, _busy_sessions(scheduler)) > 0:
         outcome = "yielded"
         if running_batch is not None and hasattr(running_batch, "batch_is_full"):
             running_batch.batch_is_full = False
@@ -356,12 +419,12 @@ def _yield_for_blocked(scheduler: Any, mgr: LeaseManager, running_batch: Any) ->
 
 
 @_guarded
-def _relieve_chunk_pressure(scheduler: Any, mgr: LeaseManager) -> None:
+def _relieve_chunk_pressure(scheduler: Any, mgr: LeaseManager, state: PassState) -> None:
     """The chunk valve: SGLang continues a chunked prefill with a whole chunk even when its budget
     says nothing is left (the request must progress to free its KV), and that allocation fails
     (out of memory) when leases locked what it would evict. Release hard leases, least value
     first, until a chunk fits again."""
-    deficit = mgr.reserve_tokens() - mgr.headroom_tokens()
+    deficit = reserve_tokens(state.live_scheduler(), mgr.tree) - mgr.tree.headroom_tokens()
     if deficit > 0:
         spare = _busy_sessions(scheduler) | _session_ids([scheduler.chunked_req])
         if mgr.host.active:  # backed-up KV yields first (a reload), then leases end (a recompute)
@@ -393,20 +456,18 @@ def leased_first(waiting_queue: list, mgr: LeaseManager) -> None:
 
 
 @_guarded
-def _relieve_prefill_stall(
-    scheduler: Any, mgr: LeaseManager, running_batch: Any
-) -> None:
+def _relieve_prefill_stall(scheduler: Any, mgr: LeaseManager, head: Any, running_batch: Any) -> None:
     if not scheduler.waiting_queue or not running_batch.is_empty():
         return
     if not scheduler.is_fully_idle(ignore_waiting=True):
         return  # something in flight will free KV or make progress
-    deficit = _prefill_deficit(mgr, mgr.blocked_head)
+    deficit = _prefill_deficit(mgr, head)
     mgr.release_for_pressure("prefill", deficit, _busy_sessions(scheduler), force=True)
 
 
 def _prefill_deficit(mgr: LeaseManager, req: Any) -> int:
     """Tokens the refused head still needs beyond free + evictable KV (>= 1)."""
-    return max(_prefill_need(mgr, req) - mgr.headroom_tokens(), 1)
+    return max(_prefill_need(mgr, req) - mgr.tree.headroom_tokens(), 1)
 
 
 def _running_reservation(scheduler: Any, running_batch: Any) -> int:
@@ -448,7 +509,7 @@ def check_decode_mem(original, batch, *args, **kwargs):
     mgr = manager_of(getattr(batch, "tree_cache", None))
     if mgr is None or not mgr.settings.release_on_decode_pressure:
         return ok
-    scheduler = mgr.scheduler_ref() if mgr.scheduler_ref is not None else None
+    scheduler = pass_state(mgr).live_scheduler()
     spare = _session_ids(batch.reqs)
     if scheduler is not None:
         spare |= _busy_sessions(scheduler)
@@ -501,7 +562,7 @@ def set_internal_state(original, controller, recv_req, *args, **kwargs):
     from sglang.srt.managers.io_struct import SetInternalStateReqOutput
 
     try:
-        updates = _parse_after_turn(ours)
+        updates = parse_after_turn(ours)
     except ValueError as exc:
         logger.warning("sglang_ext: /set_internal_state refused: %s", exc)
         return SetInternalStateReqOutput(updated=False)
@@ -514,18 +575,6 @@ def set_internal_state(original, controller, recv_req, *args, **kwargs):
             return result
     _apply_after_turn(mgr, updates)
     return SetInternalStateReqOutput(updated=True)
-
-
-def _parse_after_turn(keys: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """{session: {field: seconds}}; ValueError naming the first bad key or value."""
-    updates: dict[str, dict[str, float]] = {}
-    for key, value in keys.items():
-        field, session_id = parse_after_turn_key(key)
-        seconds = seconds_or_none(value)
-        if seconds is None:
-            raise ValueError(f"{key} must be a finite number of seconds >= 0, got {value!r}")
-        updates.setdefault(session_id, {})[field] = seconds
-    return updates
 
 
 @_guarded

@@ -1,7 +1,10 @@
 """Leases over two tiers (HiCache): lock only what must stay, load back what is due.
 
-``HostTier`` belongs to one ``LeaseManager`` and is active only while the cache has a host tier
-and ``tier_aware`` is on; otherwise nothing here runs and leases behave as without HiCache.
+``HostTier`` is given the lease table, the tree, the settings and the metrics of one cache, and
+asks its lease manager for one thing only: the hard-leased tokens, recounted (``recount``: read
+before a decision, refreshed after a tier change). It is active only while the cache has a host tier and ``tier_aware`` is on;
+otherwise nothing here runs and leases behave as without HiCache. What the scheduler's own work
+claims of the GPU KV (``claimed``) is told by the hooks, which see the scheduler.
 
 * **Eviction order** (``eviction_key``, read by the strategy for GPU and host leaves alike):
   KV with a host copy before KV without; within each, KV no lease expects back (LRU) before
@@ -20,14 +23,14 @@ runs at points every TP rank passes in the same order, so all ranks decide alike
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from . import order, tiers
-from .lease_table import HARD, SOFT, Lease
+from .lease_table import HARD, SOFT, Lease, LeaseTable
+from .metrics import LeaseMetrics
 from .order import release_order
-
-if TYPE_CHECKING:
-    from .manager import LeaseManager
+from .settings import SessionTTLSettings
 
 logger = logging.getLogger(__name__)
 
@@ -37,20 +40,34 @@ logger = logging.getLogger(__name__)
 # loads of the overlap scheduler's batches are ever in flight.
 
 
+def _nothing_claimed() -> int:
+    return 0
+
+
 class HostTier:
-    def __init__(self, mgr: LeaseManager) -> None:
-        self.mgr = mgr
+    def __init__(
+        self,
+        table: LeaseTable,
+        tree: Any,
+        settings: SessionTTLSettings,
+        metrics: LeaseMetrics,
+        recount: Callable[[], int],
+    ) -> None:
+        self.table, self.tree, self.settings, self.metrics = table, tree, settings, metrics
+        # the manager recounts the hard-leased tokens (its count and gauges) and returns them
+        self._recount = recount
+        # GPU KV the scheduler's own work may claim next (a prefill chunk, decode steps, the room
+        # a refused request still needs): no lock and no prefetch may take it (work-conserving
+        # leases). The hooks set it once they know the scheduler; nothing is claimed before.
+        self.claimed: Callable[[], int] = _nothing_claimed
         self.inflight: dict[int, str] = {}  # prefetched node id -> session, until its load is reaped
         self._next_change: float | None = None
         self._window_open: list[str] = []  # sessions due at the last retier (prefetch candidates)
         self._skipped: dict[str, str] = {}  # session -> why its due prefetch waits (counted once)
-        # GPU KV a request refused for lack of it still needs (the last admission attempt): no lock
-        # and no prefetch may take it (work-conserving leases)
-        self.blocked_need = 0
 
     @property
     def active(self) -> bool:
-        return self.mgr.settings.tier_aware and self.mgr.tree.host_tier_attached()
+        return self.settings.tier_aware and self.tree.host_tier_attached()
 
     # ------------------------------------------------------------------ eviction
     def eviction_key(self, node: Any, gone_children: tuple = ()) -> tuple[int, int, float]:
@@ -58,24 +75,24 @@ class HostTier:
 
         ``gone_children``: children a dry run of the eviction walk took off the GPU already,
         whose leases then run through ``node`` (see ``_room_for``)."""
-        tree = self.mgr.tree
+        tree = self.tree
         lease = self._covering_lease((node, *gone_children))
         return order.eviction_key(
             node.last_access_time,
             host_tier=True,
             reloadable=tree.node_reloadable(node, bool(getattr(tree.cache, "is_write_back", False))),
-            lease_due_back=None if lease is None else lease.due_back(self.mgr.table.clock),
+            lease_due_back=None if lease is None else lease.due_back(self.table.clock),
         )
 
     def _covering_lease(self, roots: tuple) -> Lease | None:
         """The most valuable lease whose path runs through the first root: one ending at a root
         or below it in its host-only subtree (a GPU or host leaf has no GPU KV below it)."""
-        table = self.mgr.table
+        table = self.table
         if not len(table):
             return None
         now, best = table.clock, None
         for root in roots:
-            for current in self.mgr.tree.host_only_subtree(root):
+            for current in self.tree.host_only_subtree(root):
                 for lease in table.on_node(current.id):
                     if best is None or (lease.due_back(now), lease.seq) < (best.due_back(now), best.seq):
                         best = lease
@@ -83,39 +100,36 @@ class HostTier:
 
     # --------------------------------------------------------------------- tiers
     def tier_for_grant(self, lease: Lease, busy: bool = False) -> str:
-        state = self.mgr.tree.path_state(lease.node_id)
-        return HARD if tiers.wants_hard(lease, state, self.mgr.table.clock, self.mgr.settings, busy) else SOFT
+        state = self.tree.path_state(lease.node_id)
+        return HARD if tiers.wants_hard(lease, state, self.table.clock, self.settings, busy) else SOFT
 
     def retier(self, busy: set[str] | frozenset[str]) -> None:
-        """Re-decide every lease's tier at the current lease clock."""
-        mgr, now, settings = self.mgr, self.mgr.table.clock, self.mgr.settings
+        """Re-decide every lease's tier at the current lease clock (the manager dropped the leases
+        whose KV left both tiers)."""
+        tree, now, settings = self.tree, self.table.clock, self.settings
         if now is None:
             return
-        hard_nodes = mgr.hard_path_nodes()
-        limit, used = mgr.limit_tokens(), mgr.hard_tokens()
+        hard_nodes = self._hard_path_nodes()
+        limit, used = self._limit_tokens(), self._recount()
         # a lock takes evictable KV away: never below what the scheduler's own work may claim, and
         # never the room a queued request is waiting for
-        spare = mgr.headroom_tokens() - mgr.reserve_tokens() - self.blocked_need
+        spare = self.tree.headroom_tokens() - self.claimed()
         changed, nxt, window_open = False, None, []
-        for lease in mgr.table.leases():
-            state = mgr.tree.path_state(lease.node_id)
-            if not state.exists:
-                mgr.drop_lost(lease)
-                changed = True
-                continue
+        for lease in self.table.leases():
+            state = tree.path_state(lease.node_id)
             want = tiers.wants_hard(lease, state, now, settings, lease.session_id in busy)
             if lease.hard and not want:
-                mgr.soften(lease)
-                mgr.metrics.inc("tier_changes", to=SOFT)
+                self._soften(lease)
+                self.metrics.inc("tier_changes", to=SOFT)
                 changed = True
             elif not lease.hard and want:
-                extra = mgr.extra_hard_tokens(lease.node_id, hard_nodes)
+                extra = _added_tokens(tree.path(lease.node_id), hard_nodes)
                 if used + extra <= limit and extra <= spare:
-                    mgr.harden(lease)
-                    hard_nodes.update(node_id for node_id, _ in mgr.tree.path(lease.node_id))
+                    self._harden(lease)
+                    hard_nodes.update(node_id for node_id, _ in tree.path(lease.node_id))
                     used += extra
                     spare -= extra
-                    mgr.metrics.inc("tier_changes", to=HARD)
+                    self.metrics.inc("tier_changes", to=HARD)
                     changed = True
             if not lease.hard and tiers.in_window(tiers.critical_window(lease, state.tokens, now, settings), now):
                 window_open.append(lease.session_id)
@@ -125,7 +139,7 @@ class HostTier:
         self._next_change, self._window_open = nxt, window_open
         self._skipped = {k: v for k, v in self._skipped.items() if k in window_open}
         if changed:
-            mgr.recount()
+            self._recount()
 
     def due(self, now: float) -> bool:
         """Rank 0: a tier or prefetch decision is due (so an idle server still ticks)."""
@@ -138,23 +152,23 @@ class HostTier:
         GPU copy costs a reload, not a recompute, so no request waits for them; each lease stays
         (soft), so its KV keeps its place in the eviction order and may be prefetched again.
         Returns the tokens made evictable."""
-        mgr, tree = self.mgr, self.mgr.tree
+        tree = self.tree
         gained = 0
         yielded = 0
         while gained < max(deficit_tokens, 1):
-            candidates = [l for l in mgr.table.leases(HARD) if tree.path_state(l.node_id).unbacked_tokens == 0]
+            candidates = [l for l in self.table.leases(HARD) if tree.path_state(l.node_id).unbacked_tokens == 0]
             gains = {l.session_id: tree.unlock_gain(l.node_id) for l in candidates}
             candidates = [l for l in candidates if gains[l.session_id] > 0]
             if not candidates:
                 break
-            victim = release_order(candidates, gains, mgr.table.clock, set(spare))[0]
+            victim = release_order(candidates, gains, self.table.clock, set(spare))[0]
             before = tree.evictable_tokens()
-            mgr.soften(victim)
+            self._soften(victim)
             gained += tree.evictable_tokens() - before
             yielded += 1
-            mgr.metrics.inc("yields", stage=stage)
+            self.metrics.inc("yields", stage=stage)
         if yielded:
-            mgr.recount()
+            self._recount()
             logger.debug("sglang_ext: %s pressure: %d lease(s) yielded, %d tokens evictable", stage, yielded, gained)
         return gained
 
@@ -165,11 +179,11 @@ class HostTier:
         self._reap()
         if batch is not None:
             self._guard(batch)
-        if self.mgr.settings.prefetch and not queued:
+        if self.settings.prefetch and not queued:
             self._prefetch(busy)
 
     def _reap(self) -> None:
-        tree = self.mgr.tree
+        tree = self.tree
         for node_id in [n for n in self.inflight if not tree.load_in_flight(n)]:
             del self.inflight[node_id]
 
@@ -179,7 +193,7 @@ class HostTier:
         index; loads share one stream, so the latest producer covers the earlier ones)."""
         if not self.inflight or getattr(batch, "hicache_consumer_index", -1) >= 0:
             return
-        tree = self.mgr.tree
+        tree = self.tree
         for req in getattr(batch, "reqs", ()):
             last = getattr(req, "last_node", None)
             if any(tree.on_path(node_id, last) for node_id in self.inflight):
@@ -187,12 +201,12 @@ class HostTier:
                 return
 
     def _prefetch(self, busy: set[str]) -> None:
-        mgr, tree, now, settings = self.mgr, self.mgr.tree, self.mgr.table.clock, self.mgr.settings
+        tree, now, settings = self.tree, self.table.clock, self.settings
         if now is None:
             return
         due = []
         for session_id in self._window_open:  # the clock moves only at ticks, which retier
-            lease = mgr.table.get(session_id)
+            lease = self.table.get(session_id)
             if lease is None or lease.hard or session_id in busy:
                 continue  # gone, held, or its request is here (admission loads it)
             state = tree.path_state(lease.node_id)
@@ -206,12 +220,12 @@ class HostTier:
             return
         due.sort(key=lambda item: item[:2])  # soonest expected return first
         issued = []
-        hard_nodes = mgr.hard_path_nodes()
-        used = mgr.hard_tokens()
-        spare = mgr.headroom_tokens() - mgr.reserve_tokens() - self.blocked_need  # see retier
+        hard_nodes = self._hard_path_nodes()
+        used = self._recount()
+        spare = self.tree.headroom_tokens() - self.claimed()  # see retier
         for _, _, lease, state in due:
-            extra = mgr.extra_hard_tokens(lease.node_id, hard_nodes)
-            if used + extra > mgr.limit_tokens():
+            extra = _added_tokens(tree.path(lease.node_id), hard_nodes)
+            if used + extra > self._limit_tokens():
                 self._skip(lease, "bound")
                 continue
             if self._room_for(lease, state.host_only_tokens) < state.host_only_tokens:
@@ -224,37 +238,54 @@ class HostTier:
                 self._skip(lease, "declined")
                 continue
             self._skipped.pop(lease.session_id, None)
-            mgr.harden(lease)
+            self._harden(lease)
             hard_nodes.update(node_id for node_id, _ in tree.path(lease.node_id))
             used += extra
             spare -= extra
             lease.prefetch = "issued"
             issued.append(lease)
-            mgr.metrics.inc("prefetches", outcome="issued")
-            mgr.metrics.inc("prefetched_tokens", state.host_only_tokens)
+            self.metrics.inc("prefetches", outcome="issued")
+            self.metrics.inc("prefetched_tokens", state.host_only_tokens)
         if issued:
             tree.submit_loads()
             for lease in issued:
                 self.inflight[lease.node_id] = lease.session_id
-            mgr.recount()
+            self._recount()
             logger.debug("sglang_ext: prefetched %d session(s) from host", len(issued))
 
     def _skip(self, lease: Lease, reason: str) -> None:
         """Count a due prefetch that waits, once per reason (it is retried every pass)."""
         if self._skipped.get(lease.session_id) != reason:
             self._skipped[lease.session_id] = reason
-            self.mgr.metrics.inc("prefetch_skips", reason=reason)
+            self.metrics.inc("prefetch_skips", reason=reason)
 
     def _room_for(self, lease: Lease, need: int) -> int:
         """GPU KV a load for ``lease`` may take (up to ``need``): free KV, then what SGLang's
         eviction would free before it reaches KV as valuable as this lease's (backed up and
         expected back no later)."""
-        tree = self.mgr.tree
+        tree = self.tree
         free = tree.available_tokens()
         if free >= need:
             return free
-        threshold = order.prefetch_threshold(lease.due_back(self.mgr.table.clock))
+        threshold = order.prefetch_threshold(lease.due_back(self.table.clock))
         return free + tree.eviction_room(self.eviction_key, lambda key: key >= threshold, need - free)
+
+    # --------------------------------------------------------------------- locks
+    def _soften(self, lease: Lease) -> None:
+        """Hard -> soft: unlock, keep the lease (its KV may now be demoted); the caller recounts."""
+        if lease.handle is not None:
+            self.tree.unlock(lease.handle)
+        self.table.demote(lease.session_id)
+
+    def _harden(self, lease: Lease) -> None:
+        """Soft -> hard: lock the lease's node; the caller recounts."""
+        self.table.promote(lease.session_id, self.tree.lock(lease.node_id))
+
+    def _hard_path_nodes(self) -> set[int]:
+        return {n for l in self.table.leases(HARD) for n, _ in self.tree.path(l.node_id)}
+
+    def _limit_tokens(self) -> int:
+        return self.settings.limit_tokens(self.tree.capacity_tokens())
 
     # ------------------------------------------------------------------ bookkeeping
     def forget(self) -> None:
@@ -263,12 +294,17 @@ class HostTier:
         self._skipped.clear()
 
     def describe(self) -> str:
-        tree = self.mgr.tree
+        tree = self.tree
         if not tree.host_tier_attached():
             return f"GPU {tree.capacity_tokens()} tokens; no host tier"
         return (
             f"GPU {tree.capacity_tokens()} tokens, host {tree.host_capacity_tokens()} tokens "
             f"({tree.write_policy()}), storage {tree.storage_backend() or 'none'}; "
-            f"tier-aware leases {'on' if self.mgr.settings.tier_aware else 'off'}, "
-            f"prefetch {'on' if self.active and self.mgr.settings.prefetch else 'off'}"
+            f"tier-aware leases {'on' if self.settings.tier_aware else 'off'}, "
+            f"prefetch {'on' if self.active and self.settings.prefetch else 'off'}"
         )
+
+
+def _added_tokens(path: list[tuple[int, int]], covered: set[int]) -> int:
+    """Tokens a lock at the end of ``path`` would add to the hard-leased nodes ``covered``."""
+    return sum(tokens for node_id, tokens in path if node_id not in covered)

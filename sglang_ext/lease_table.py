@@ -9,10 +9,13 @@ Time is the *lease clock*: the last rank-0 timestamp the scheduler received
 same point of its request stream. A lease granted between two ticks has no
 expiry yet (``expires_at is None``); the next tick stamps it with
 ``tick + ttl_s``. An expected return (``expect_s``) is stamped the same way
-(``expected_at``).
+(``expected_at``). Every TTL a lease takes (grant or after-turn update) is bounded
+here, by ``max_ttl_s``.
 """
 
 from __future__ import annotations
+
+import math
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -82,7 +85,8 @@ class Lease:
 class LeaseTable:
     """At most one lease per session, plus a clock and an expiry index."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_ttl_s: float = math.inf) -> None:
+        self.max_ttl_s = max_ttl_s
         self._by_session: dict[str, Lease] = {}
         self._by_node: dict[NodeId, dict[str, Lease]] = {}
         self._seq = 0
@@ -154,7 +158,7 @@ class LeaseTable:
         self._expiry_index = None
         self._seq += 1
         lease = Lease(
-            session_id, node_id, float(ttl_s), self._seq, tier, None, handle,
+            session_id, node_id, self._bounded(ttl_s), self._seq, tier, None, handle,
             expect_s=expect_s, spread_s=float(spread_s),
         )
         self._by_session[session_id] = lease
@@ -199,12 +203,16 @@ class LeaseTable:
             return None
         self._expiry_index = None
         if ttl_s is not None:
-            lease.ttl_s, lease.expires_at = float(ttl_s), None
+            lease.ttl_s, lease.expires_at = self._bounded(ttl_s), None
         if expect_s is not None:
             lease.expect_s, lease.expected_at = float(expect_s), None
         if spread_s is not None:
             lease.spread_s = float(spread_s)
         return lease
+
+    def _bounded(self, ttl_s: float) -> float:
+        """A requested TTL as the lease takes it: at most ``max_ttl_s`` (whatever a client asks)."""
+        return min(float(ttl_s), self.max_ttl_s)
 
     def advance(self, now: float, hold: frozenset[str] | set[str] = frozenset()) -> list[Lease]:
         """Move the clock to ``now``: stamp new leases, remove and return due ones.

@@ -12,7 +12,11 @@ Invariants:
 * every lease leaves the table through ``_retire`` (which unlocks it), except
   ``forget_all`` after the tree itself was reset (its locks died with it);
 * with a host tier (HiCache), ``host`` decides which leases need a lock at all
-  (``host_tier``); without one every lease is hard until the bound demotes it.
+  (``host_tier``, which moves leases between tiers and asks this class to recount);
+  without one every lease is hard until the bound demotes it.
+
+What the scheduler is doing (its reserve, the request it refused) is the hooks'
+business (``hooks.PassState``); nothing here keeps state for them.
 """
 
 from __future__ import annotations
@@ -31,21 +35,17 @@ from .lease_table import (
     exclusive_tokens,
     union_tokens,
 )
-from .order import release_order
 from .metrics import LeaseMetrics
+from .order import release_order
 from .queue_order import WaitingOrder
 from .settings import SessionTTLSettings
 from .wire import LEASE_TTL_PARAM as TTL_PARAM
-from .wire import parse_expectation, parse_ttl
+from .wire import asked_ttl, parse_expectation, parse_ttl
 
 logger = logging.getLogger(__name__)
 
 _CLOSED_TOMBSTONES = 8192  # like SGLang's session-ref tracker
 _MAX_TTL_WARNINGS = 5
-
-
-DEFAULT_CHUNK_TOKENS = 8192  # SGLang's --chunked-prefill-size default (a scheduler without one)
-DECODE_RESERVE_STEPS = 4  # decode steps of the running batch a lease must not take the room of
 
 
 class LeaseManager:
@@ -58,26 +58,19 @@ class LeaseManager:
     ) -> None:
         self.tree = tree
         self.settings = settings
-        self.table = table if table is not None else LeaseTable()
+        self.table = table if table is not None else LeaseTable(settings.max_ttl_s)
         self.metrics = metrics if metrics is not None else LeaseMetrics()
         self._closed: OrderedDict[str, None] = OrderedDict()
         self._hard_tokens = 0
         self._last_tick_sent: float | None = None
         self._ttl_warnings = 0
-        # Scratch for hooks.py: the first prefill candidate refused for lack of KV
-        # in the current pass, the scheduler (weakref) and whether /metrics export
-        # was decided.
-        self.blocked_head: Any = None
-        self.admission_tried = False  # add_one_req ran in the current pass
-        self.scheduler_ref: Any = None
-        self.metrics_checked = False
-        self.host = HostTier(self)
+        self.host = HostTier(self.table, tree, settings, self.metrics, recount=self.recount)
         self.waiting_order = WaitingOrder(settings.max_priority_wait_s)
         self._refresh_gauges()
 
     # ------------------------------------------------------------------ numbers
     def limit_tokens(self) -> int:
-        return int(self.settings.max_leased_fraction * self.tree.capacity_tokens())
+        return self.settings.limit_tokens(self.tree.capacity_tokens())
 
     def hard_tokens(self) -> int:
         return self._hard_tokens
@@ -120,6 +113,7 @@ class LeaseManager:
         if due:
             self._recount()
         if self.host.active:
+            self.drop_lost_leases()
             self.host.retier(set(busy))
         self._refresh_gauges()
         return due
@@ -176,8 +170,7 @@ class LeaseManager:
     ) -> Lease:
         """Lease (or renew) with a real tree lock, then enforce the bound. With a host tier the
         lease is locked only if ``host_tier`` says losing the KV would cost a recompute or a
-        reload on the critical path."""
-        ttl_s = self.settings.clamp_ttl(ttl_s)
+        reload on the critical path. The table bounds ``ttl_s`` (``max_ttl_s``)."""
         tier = HARD
         if self.host.active:
             probe = Lease(session_id, node_id, ttl_s, 0, HARD, expect_s=expect_s, spread_s=spread_s)
@@ -262,7 +255,7 @@ class LeaseManager:
             self.table.pop(lease.session_id)
         self._refresh_gauges()
 
-    def drop_lost(self, lease: Lease) -> None:
+    def _drop_lost(self, lease: Lease) -> None:
         """The lease's node left the tree on both tiers (host eviction): the lease is spent."""
         self.table.pop(lease.session_id)
         self._retire(lease)
@@ -270,58 +263,19 @@ class LeaseManager:
         self._refresh_gauges()
 
     def drop_lost_leases(self) -> None:
-        """After SGLang evicted host leaves: forget leases whose node went with them."""
+        """After SGLang evicted host leaves (and before the host tier re-decides tiers): forget
+        leases whose node went with them."""
         lost = [l for l in self.table.leases() if not self.tree.in_tree(l.node_id)]
         for lease in lost:
-            self.drop_lost(lease)
+            self._drop_lost(lease)
         if lost:
             self._recount()
 
-    # ---------------------------------------------------------------- tiers
-    def soften(self, lease: Lease) -> None:
-        """Hard -> soft: unlock, keep the lease (its KV may now be demoted); caller recounts."""
-        if lease.handle is not None:
-            self.tree.unlock(lease.handle)
-        self.table.demote(lease.session_id)
-
-    def harden(self, lease: Lease) -> None:
-        """Soft -> hard: lock the lease's node; caller recounts."""
-        self.table.promote(lease.session_id, self.tree.lock(lease.node_id))
-
-    def reserve_tokens(self) -> int:
-        """GPU KV the scheduler's own work may claim next, which leases must leave evictable: a
-        whole prefill chunk while a prefill is in progress or waiting (SGLang continues a chunked
-        prefill with a full chunk even when its budget says none is left; at most a quarter of
-        the pool), plus a few decode steps of the running batch, a page each. Nothing while the
-        scheduler has no work (or before its prefill hook ran once)."""
-        scheduler = self.scheduler_ref() if self.scheduler_ref is not None else None
-        if scheduler is None:
-            return 0
-        page = max(int(getattr(self.tree.cache, "page_size", 1) or 1), 1)
-        running = getattr(getattr(scheduler, "running_batch", None), "reqs", None) or ()
-        prefilling = getattr(scheduler, "chunked_req", None) is not None or bool(getattr(scheduler, "waiting_queue", None))
-        if not (prefilling or running):
-            return 0
-        chunk = 0
-        if prefilling:
-            chunk = getattr(scheduler, "chunked_prefill_size", None) or DEFAULT_CHUNK_TOKENS
-            chunk = min(int(chunk), self.tree.capacity_tokens() // 4)
-        return chunk + 2 * page + DECODE_RESERVE_STEPS * page * len(running)
-
-    def headroom_tokens(self) -> int:
-        """GPU KV that can be had now: free + evictable."""
-        return self.tree.available_tokens() + self.tree.evictable_tokens()
-
-    def hard_path_nodes(self) -> set[int]:
-        return {n for l in self.table.leases(HARD) for n, _ in self.tree.path(l.node_id)}
-
-    def extra_hard_tokens(self, node_id: int, hard_nodes: set[int]) -> int:
-        """Tokens a lock on ``node_id`` would add to the union of hard-leased paths."""
-        return sum(tokens for n, tokens in self.tree.path(node_id) if n not in hard_nodes)
-
-    def recount(self) -> None:
+    def recount(self) -> int:
+        """Recount the hard-leased tokens (after a tier change) and return them."""
         self._recount()
         self._refresh_gauges()
+        return self._hard_tokens
 
     # ---------------------------------------------------------------- turns
     def update_after_turn(
@@ -340,8 +294,6 @@ class LeaseManager:
         if ttl_s is not None and ttl_s <= 0.0:
             self.end(session_id, reason="ended")
             return True
-        if ttl_s is not None:
-            ttl_s = self.settings.clamp_ttl(ttl_s)
         self.table.restamp(session_id, ttl_s, expect_s, spread_s)
         return True
 
@@ -434,9 +386,7 @@ class LeaseManager:
         self.metrics.set("leases", self.table.count(SOFT), tier=SOFT)
 
     def _warn_bad_ttl(self, session_id: str, custom_params: Any) -> None:
-        value = (
-            custom_params.get(TTL_PARAM) if isinstance(custom_params, dict) else None
-        )
+        value = asked_ttl(custom_params)
         if value is None or value == 0 or self._ttl_warnings >= _MAX_TTL_WARNINGS:
             return
         self._ttl_warnings += 1

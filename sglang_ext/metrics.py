@@ -255,12 +255,13 @@ class LeaseMetrics:
         """Sum over all label values of one metric."""
         return sum(v for (k, _), v in self._values.items() if k == key)
 
+    def series(self) -> list[tuple[str, tuple[tuple[str, str], ...], float]]:
+        """Every series as (key, its labels as sorted (name, value) pairs, value), sorted: what
+        ``snapshot`` and an exporter of another format (the simulator's /metrics) read."""
+        return [(key, extra, value) for (key, extra), value in sorted(self._values.items())]
+
     def snapshot(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for (key, extra), value in sorted(self._values.items()):
-            name = key + "".join(f"[{v}]" for _, v in extra)
-            out[name] = value
-        return out
+        return {key + "".join(f"[{v}]" for _, v in extra): value for key, extra, value in self.series()}
 
     def _push(self, key: str, labels: Mapping[str, str], value: float) -> None:
         """Gauges take the value, counters the increment (the total on attach)."""

@@ -124,9 +124,9 @@ class SessionTTLSettings(BaseModel):
                 f"eviction policy: {problems}"
             ) from None
 
-    def clamp_ttl(self, ttl_s: float) -> float:
-        """The one place a requested TTL meets ``max_ttl_s`` (grant and after-turn alike)."""
-        return min(float(ttl_s), self.max_ttl_s)
+    def limit_tokens(self, capacity_tokens: int) -> int:
+        """The hard-lease bound of a KV pool of ``capacity_tokens``."""
+        return int(self.max_leased_fraction * capacity_tokens)
 
     def describe(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.model_dump().items())

@@ -45,7 +45,7 @@ class SessionTTLStrategy(EvictionStrategy):
 
     def __init__(self, **config: Any) -> None:
         self.settings = SessionTTLSettings.from_policy_config(config)
-        self.table = LeaseTable()
+        self.table = LeaseTable(self.settings.max_ttl_s)
         self.metrics = LeaseMetrics()
         self.manager: LeaseManager | None = None
         logger.info(

@@ -36,6 +36,10 @@ class SGLangTree:
     def available_tokens(self) -> int:
         return int(self.cache.token_to_kv_pool_allocator.available_size())
 
+    def headroom_tokens(self) -> int:
+        """GPU KV that can be had now: free + evictable."""
+        return self.available_tokens() + self.evictable_tokens()
+
     def is_root(self, node_id: int) -> bool:
         return bool(self.cache.is_root(node_id))
 

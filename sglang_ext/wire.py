@@ -10,8 +10,9 @@ Two channels, both plain SGLang 0.5.23 HTTP:
   passes the rest to SGLang (which still refuses keys it does not know). Values must be numbers
   (SGLang's ``SetInternalStateReq``): ``after_turn_state()``.
 
-This module is the one place the keys are written; the sidecar's engine client and the tooling
-import it. No sglang import, so importing it never loads SGLang.
+This module is the one place the keys are written and parsed (``parse_*``, the plugin's side);
+the sidecar's engine client and the tooling import it. No sglang import, so importing it never
+loads SGLang.
 """
 
 from __future__ import annotations
@@ -85,10 +86,31 @@ def parse_after_turn_key(key: str) -> tuple[str, str] | None:
     return field, session_id
 
 
+def parse_after_turn(keys: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """The plugin keys of one ``/set_internal_state`` as ``{session: {field: seconds}}``;
+    ValueError naming the first bad key or value."""
+    updates: dict[str, dict[str, float]] = {}
+    for key, value in keys.items():
+        parsed = parse_after_turn_key(key)
+        if parsed is None:
+            raise ValueError(f"{key!r} is not a plugin key (it starts with {AFTER_TURN_PREFIX!r})")
+        field, session_id = parsed
+        seconds = seconds_or_none(value)
+        if seconds is None:
+            raise ValueError(f"{key} must be a finite number of seconds >= 0, got {value!r}")
+        updates.setdefault(session_id, {})[field] = seconds
+    return updates
+
+
 # ------------------------------------------------------------------ parsing (the plugin's side)
+def asked_ttl(custom_params: Any) -> Any:
+    """The TTL value one request sent, as sent (None when absent): for a warning about a bad one."""
+    return custom_params.get(LEASE_TTL_PARAM) if isinstance(custom_params, Mapping) else None
+
+
 def parse_ttl(custom_params: Any, default_ttl_s: float) -> float | None:
-    """TTL in seconds requested by one request (not yet clamped: ``SessionTTLSettings.clamp_ttl``),
-    or None when it ends the lease.
+    """TTL in seconds requested by one request (not yet bounded: the lease table bounds it by
+    ``max_ttl_s``), or None when it ends the lease.
 
     Missing key -> ``default_ttl_s``; 0, negative, non-finite or non-numeric -> None.
     """

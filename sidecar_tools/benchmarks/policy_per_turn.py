@@ -1,7 +1,8 @@
 """The policy's CPU per turn at few and at many open sessions (prints; not a timed test).
 
-Each turn is the turn core's sequence of policy calls for a continuing session (admission, on_request,
-lease_request, on_turn_end, after_turn + lease_revised, release_admission), with one new session
+Each turn is the turn core's sequence of policy calls for a continuing session (admission, then
+``sidecar.turn.policy_calls``' turn_started and turn_finished, the calls the turn core makes, then
+release_admission; the worker is taken to run the plugin), with one new session
 admitted and one closed every 50 turns and the store's close pass every 200 turns (once a second at
 ~200 turns/s), on ``configs/coding-agent.toml``'s policy over a GPU + host pool. The figure that
 matters is the ratio: per-turn work must not grow with the number of open sessions.
@@ -17,8 +18,9 @@ import time
 from pathlib import Path
 
 from sidecar.conversation.store import SessionStore
-from sidecar.policy import EngineCapacity, TurnEnd, build_policy
+from sidecar.policy import EngineCapacity, build_policy
 from sidecar.settings import load_settings
+from sidecar.turn.policy_calls import turn_finished, turn_started
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "coding-agent.toml"
 
@@ -37,14 +39,9 @@ def per_turn_us(open_sessions: int, turns: int, repeat: int = 3) -> float:
         prompt = record.context_tokens + 900 if record is not None else 3000
         now = clock[0]
         policy.offer_admission(sid, prompt, new)
-        policy.on_request(sid, prompt, now)
-        policy.lease_request(sid, prompt, now)
+        sent = turn_started(policy, sid, prompt, now)
         clock[0] += 0.005
-        now = clock[0]
-        policy.on_turn_end(TurnEnd(sid, prompt + 200, ["bash"], now))
-        revised = policy.after_turn(sid, now)
-        if revised is not None:
-            policy.lease_revised(sid, revised, now)
+        turn_finished(policy, sid, prompt + 200, ["bash"], sent, clock[0], revise=lambda lease: None)
         policy.release_admission(sid)
 
     for sid in ids:  # every session opened, one turn taken: idle in its tool gap

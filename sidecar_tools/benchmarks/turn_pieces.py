@@ -57,6 +57,12 @@ def _turn_shape(tokenizer_dir: str) -> dict[str, Any]:
     return {"body": body, "raw": json.dumps(body).encode(), "reply": REPLY_TEXT + "\n" + REPLY_CALL}
 
 
+def template_text(tok, messages: list[dict], tools) -> str:
+    """The chat template's text of ``messages`` with the generation prompt, as the sidecar's
+    renderer asks the tokenizer for it (``ChatRenderer`` renders through ``apply_chat_template``)."""
+    return tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+
+
 def backend_ids(tok, text: str) -> list[int]:
     return tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
 
@@ -115,7 +121,7 @@ def measure(tokenizer_dir: str, number: int, repeat: int) -> dict[str, Any]:
     assert plain.render(**variables) == sandboxed.render(**variables)
     piece("jinja_render_sandboxed_us", lambda: sandboxed.render(**variables))
     piece("jinja_render_unsandboxed_not_used_us", lambda: plain.render(**variables))
-    text = renderer._render(anchor, tools, None, True).split("\u2063m\u2063", 1)[1].removeprefix("<|im_end|>")
+    text = template_text(tok, anchor, tools).split("\u2063m\u2063", 1)[1].removeprefix("<|im_end|>")
     assert backend_ids(tok, text) == renderer.render_suffix(new, 151645, tools)  # what the turn encodes
     backend = tok.backend_tokenizer
     ids = backend.encode(text, add_special_tokens=False).ids
@@ -130,10 +136,10 @@ def measure(tokenizer_dir: str, number: int, repeat: int) -> dict[str, Any]:
     # a new session: the shared system block's ids from the cache vs encoding the whole render
     first = messages[:2]
     renderer.render_full(first, tools)  # fills the cache
-    whole = renderer._render(first, tools, None, True)
+    whole = template_text(tok, first, tools)
     assert renderer.render_full(first, tools) == renderer.encode(whole)
     piece("new_session_render_with_head_cache_us", lambda: renderer.render_full(first, tools), max(1, number // 4))
-    piece("new_session_render_encode_whole_us", lambda: renderer.encode(renderer._render(first, tools, None, True)), max(1, number // 4))
+    piece("new_session_render_encode_whole_us", lambda: renderer.encode(template_text(tok, first, tools)), max(1, number // 4))
 
     # the engine payload: the session's ids kept as JSON text vs JSON of the whole list every turn
     history = list(range(1000, 1000 + 2500))

@@ -20,6 +20,16 @@ def leased(kit, plugin):
     return cache, mgr
 
 
+def test_no_lease_outlasts_max_ttl_whatever_the_request_or_the_update_asks(kit, plugin):
+    cache = kit.make_cache(512, config={"max_ttl_s": 100.0})
+    mgr = plugin.manager_of(cache)
+    kit.finish(cache, "A", toks(1000, 100), toks(1900, 20), ttl=1e9)
+    assert mgr.table.get("A").ttl_s == 100.0
+    assert mgr.update_after_turn("A", ttl_s=1e9) and mgr.table.get("A").ttl_s == 100.0
+    mgr.on_tick(5.0)
+    assert mgr.table.get("A").expires_at == 105.0
+
+
 def test_leased_session_survives_pressure_while_unleased_kv_goes_first(
     kit, plugin, leased
 ):

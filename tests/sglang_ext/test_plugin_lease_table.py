@@ -131,7 +131,7 @@ def test_settings_reject_unknown_keys_and_bad_values():
         ({"session_lease_ttl_s": "10"}, 0.0, None),
         ({"session_lease_ttl_s": True}, 0.0, None),
         ({"session_lease_ttl_s": float("inf")}, 0.0, None),
-        ({"session_lease_ttl_s": 1e9}, 0.0, 1e9),  # parsed as asked; SessionTTLSettings.clamp_ttl clamps
+        ({"session_lease_ttl_s": 1e9}, 0.0, 1e9),  # parsed as asked; the lease table bounds it
         (None, 0.0, None),  # no key, default 0: ends the lease
         ({"other": 1}, 45.0, 45.0),  # no key: default_ttl_s
     ],
@@ -140,9 +140,15 @@ def test_parse_ttl(custom, default, expected):
     assert parse_ttl(custom, default_ttl_s=default) == expected
 
 
-def test_the_ttl_is_clamped_in_one_place():
-    settings = SessionTTLSettings(max_ttl_s=3600.0)
-    assert settings.clamp_ttl(1e9) == 3600.0 and settings.clamp_ttl(12.5) == 12.5
+def test_a_lease_takes_at_most_the_bound_ttl_at_grant_and_at_an_update():
+    """Whatever a client asks, a lease lasts at most ``max_ttl_s``; a shorter TTL is kept."""
+    t = LeaseTable(max_ttl_s=3600.0)
+    lease, _ = t.put("A", 1, 1e9, HARD)
+    assert lease.ttl_s == 3600.0
+    assert t.restamp("A", ttl_s=12.5).ttl_s == 12.5
+    assert t.restamp("A", ttl_s=1e9).ttl_s == 3600.0
+    t.advance(10.0)
+    assert t.get("A").expires_at == 10.0 + 3600.0
 
 
 def test_lease_of_a_session_waiting_for_admission_does_not_expire():

@@ -97,7 +97,7 @@ def test_while_a_request_waits_for_room_no_lease_locks_it_again(plugin, tiered_e
     for _ in range(5):
         assert admit_step(engine) == 0
     assert mgr.table.count("hard") == 0  # yielded, and not re-locked while big waits
-    assert mgr.host.blocked_need > 0
+    assert plugin.pass_state(mgr).blocked_need > 0
 
 
 def test_without_a_host_tier_a_lease_still_holds_while_requests_run(plugin, make_engine, requests, admit_step):
