@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .lease_table import HARD
 from .manager import LeaseManager
 from .settings import POLICY_NAME, SessionTTLSettings
 from .strategy import SessionTTLStrategy
@@ -413,8 +414,10 @@ def _yield_for_blocked(scheduler: Any, mgr: LeaseManager, state: PassState, runn
         outcome = "yielded"
         if running_batch is not None and hasattr(running_batch, "batch_is_full"):
             running_batch.batch_is_full = False
-    else:
+    elif any(mgr.tree.path_state(lease.node_id).unbacked_tokens for lease in mgr.table.leases(HARD)):
         outcome = "unbacked"
+    else:
+        outcome = "in_use"
     mgr.metrics.inc("blocked_passes", outcome=outcome)
 
 

@@ -79,8 +79,9 @@ METRIC_SPECS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "sglang_ext:blocked_prefill_passes_total",
         (
             "Host tier: prefill passes whose head request was refused for KV, by what the plugin "
-            "could do: yielded (backed-up hard leases unlocked), unbacked (hard leases held, none "
-            "backed up), no_hard_leases (leases hold nothing; the room is the running batch's), "
+            "could do: yielded (backed-up hard leases unlocked), in_use (every backed-up hard lease's "
+            "KV is also locked by requests: unlocking frees nothing), unbacked (the rest has no host "
+            "copy), no_hard_leases (leases hold nothing; the room is the running batch's), "
             "fits (free + evictable KV would hold it: refused for SGLang's own reserve)."
         ),
         ("outcome",),

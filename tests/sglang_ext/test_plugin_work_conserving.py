@@ -78,6 +78,7 @@ def test_a_queued_request_is_admitted_at_once_when_backed_up_leased_kv_makes_its
     assert admitted == 1 and not engine.waiting_queue
     assert any(r.rid == running.rid for r in engine.running_batch.reqs)  # while the other still runs
     assert mgr.metrics.get("yields", stage="prefill") >= 1
+    assert mgr.metrics.get("blocked_passes", outcome="yielded") >= 1
     assert mgr.metrics.total("pressure_releases") == 0  # no lease ended: they yielded
     assert set(l.session_id for l in mgr.table.leases()) == {"A", "B"}  # still leased (soft)
 
@@ -115,3 +116,30 @@ def test_without_a_host_tier_a_lease_still_holds_while_requests_run(plugin, make
     engine.submit(requests(toks(7000, 200), 10))
     assert admit_step(engine) == 0
     assert mgr.table.count("hard") == 2 and mgr.metrics.total("yields") == 0
+
+
+def test_a_refused_pass_says_when_leased_kv_is_locked_by_running_requests_anyway(
+        plugin, tiered_engine, requests, admit_step):
+    """Agents that share a history: while requests that read a leased session's whole KV run,
+    unlocking the lease frees nothing; the refused pass is counted as ``in_use``, not yielded."""
+    engine = tiered_engine(400)
+    mgr = plugin.manager_of(engine.cache)
+    histories = []
+    for i, name in enumerate("AB"):
+        done = run_turn(engine, requests, toks(1000 * (i + 1), 100), 10, name, ttl=100, expect=5.0, spread=5.0)
+        histories.append(list(done.input_ids) + list(done.output_ids))
+    for _ in range(3):  # let the write-through land and the lease clock tick
+        engine.advance_idle(engine.now + 0.1)
+    assert mgr.table.count("hard") == 2
+    for i, history in enumerate(histories):  # another agent continues from each whole leased history
+        reader = requests(history + toks(9000 + 100 * i, 10), 60)
+        reader.ignore_eos = True
+        engine.submit(reader)
+    assert admit_step(engine) == 2
+    big = requests(toks(7000, 200), 10)  # fits only once a reader finishes
+    big.ignore_eos = True
+    engine.submit(big)
+    assert admit_step(engine) == 0
+    assert mgr.metrics.get("blocked_passes", outcome="in_use") >= 1
+    assert mgr.metrics.get("blocked_passes", outcome="yielded") == 0
+    assert mgr.table.count("hard") == 2  # nothing to gain: the leases stay as they were
