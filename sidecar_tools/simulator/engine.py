@@ -822,7 +822,7 @@ class SimEngine:
         from sglang_ext.metrics import METRIC_SPECS
 
         series: dict[str, list[str]] = {}
-        for (key, extra), value in sorted(self.mgr.metrics._values.items()):
+        for key, extra, value in self.mgr.metrics.series():
             kind, name, _, _ = METRIC_SPECS[key]
             labels = label + "".join(f',{k}="{v}"' for k, v in extra)
             series.setdefault(f"# TYPE {name} {kind}", []).append(f"{name}{{{labels}}} {float(value)}")
