@@ -1,7 +1,11 @@
 """Offline replay of a gap trace through the live policy code, and scoring of lease policies.
 
-Replay: events in time order - a turn ends at ``t`` (lease_request, on_turn_end, after_turn + lease_revised),
-the session returns at ``t + gap`` (on_request: the predictor learns the gap); every simulated
+Replay: events in time order through the turn's own policy calls (``sidecar.turn.policy_calls``,
+the sequence ``Turn`` makes, so the order cannot drift from the product's) - the session returns at
+``t + gap`` (``turn_started``: the predictor learns the gap, the request's lease is chosen for the
+context it continues; the trace records no new messages), the next turn ends at its ``t``
+(``turn_finished``: the gap starts, and the revised lease goes out when it moved enough, as the
+turn sends it; a session's first request is seen only as its reply ends); every simulated
 second the lifecycle runs (the session store's close_due: a session that stayed away past
 its lease + idle grace is learned as censored, and re-learned if it comes back later). So the
 predictor only knows what a live sidecar would have known at each decision.
@@ -27,11 +31,12 @@ import numpy as np
 
 from sidecar.conversation.store import SessionStore
 from sidecar.engine.capacity import EngineCapacity
-from sidecar.policy.base import TurnEnd
+from sidecar.engine.lease import LeaseRequest
 from sidecar.policy.lease_policy import LeasePolicy
 from sidecar_tools.gaps.gap_trace import GapRecord
 from sidecar.policy.predictor import tool_keys
 from sidecar.policy.ttl import LeaseTtlRule
+from sidecar.turn.policy_calls import turn_finished, turn_started
 
 _RETURN, _TURN = 0, 1
 LIFECYCLE_PERIOD_S = 1.0
@@ -41,7 +46,7 @@ LIFECYCLE_PERIOD_S = 1.0
 class ReplayedGap:
     record: GapRecord
     ttl_request: float  # predictive lease sent with the request (tools unknown)
-    ttl_after_turn: float  # predictive lease once the reply's tools are known
+    ttl_after_turn: float  # the lease in force once the reply's tools are known (revised, else the request's)
     predicted_median_s: float
 
 
@@ -99,7 +104,7 @@ def replay_predictive(records: list[GapRecord], settings, on_gap: Callable[[], N
     events: list[tuple[float, int, int]] = [(r.t, _TURN, i) for i, r in enumerate(records)]
     heapq.heapify(events)
     results: list[ReplayedGap | None] = [None] * len(records)
-    requested: set[str] = set()
+    sent: dict[str, LeaseRequest | None] = {}  # the lease each session's open request carried
     last_lifecycle = -math.inf
 
     def run_lifecycle(now: float) -> None:
@@ -114,24 +119,21 @@ def replay_predictive(records: list[GapRecord], settings, on_gap: Callable[[], N
         r = records[i]
         sessions.open(r.session_id)  # the session a request or reply belongs to (back, if it was closed)
         if kind == _TURN:
-            if r.session_id not in requested:
-                policy.on_request(r.session_id, r.context_tokens, now)
-            requested.discard(r.session_id)
-            lease = policy.lease_request(r.session_id, r.context_tokens, now)
-            policy.on_turn_end(TurnEnd(r.session_id, r.context_tokens, list(r.tool_names), now))
+            if r.session_id in sent:
+                lease = sent.pop(r.session_id)
+            else:  # the session's first request: seen only as its reply ends
+                lease = turn_started(policy, r.session_id, r.context_tokens, now)
+            revised: list[LeaseRequest] = []
+            turn_finished(policy, r.session_id, r.context_tokens, list(r.tool_names), lease, now, revised.append)
             predicted = sessions.record(r.session_id).predicted_gap_s
-            revised = policy.after_turn(r.session_id, now)  # taken as the lease, as the turn core sends it
-            if revised is not None:
-                policy.lease_revised(r.session_id, revised, now)
             ttl_req = lease.ttl_s if lease is not None else 0.0
-            results[i] = ReplayedGap(r, ttl_req, revised.ttl_s if revised is not None else 0.0, predicted)
+            results[i] = ReplayedGap(r, ttl_req, revised[0].ttl_s if revised else ttl_req, predicted)
             if on_gap is not None:
                 on_gap()
             if r.gap_s is not None:
                 heapq.heappush(events, (now + r.gap_s, _RETURN, i))
         else:
-            policy.on_request(r.session_id, r.context_tokens, now)
-            requested.add(r.session_id)
+            sent[r.session_id] = turn_started(policy, r.session_id, r.context_tokens, now)
     return [g for g in results if g is not None]
 
 
