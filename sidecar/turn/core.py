@@ -20,16 +20,16 @@ from sidecar.engine.generate import generate_request, sampling_params
 from sidecar.engine.fleet import Fleet
 from sidecar.engine.lease import LeaseRequest
 from sidecar.engine.worker import WorkerRoute, Workers
-from sidecar.errors import APIError, invalid_request, model_not_found
+from sidecar.errors import invalid_request, model_not_found
 from sidecar.generation.relay import Generation, GenerationResult
 from sidecar.generation.tool_parsers import Event, get_tool_parser
-from sidecar.id_text import IdText
 from sidecar.metrics import SidecarMetrics
 from sidecar.policy import AdmissionRejected, SessionPolicy, build_policy
 from sidecar.settings import ServerSettings, SidecarSettings
 from sidecar.turn.cache_namespace import CacheNamespace, visible_cached
 from sidecar.turn.offload import OFFLOAD_CHARS, Offload, request_weight
 from sidecar.turn.policy_calls import turn_finished, turn_started
+from sidecar.turn.prompt import prompt_ids, too_long
 from sidecar.turn.request import TurnRequest, check_counts
 from sidecar.turn.tenants import RateLimits, too_many
 
@@ -103,7 +103,7 @@ class TurnCore:
                 return len(await self.offload.run(render, *args, key=request.scope, weight=weight))
             return len(render(*args))
         except TooManyTokens as exc:  # counted ahead: no text is tokenized past the limit
-            raise _too_long(f"at least {exc.at_least}", limit) from None
+            raise too_long(f"at least {exc.at_least}", limit) from None
 
 def build_core(settings: SidecarSettings, tokenizer, workers: Workers, metrics: SidecarMetrics, model_name: str) -> TurnCore:
     """The core and its services: the chat template (ValueError if the tokenizer has none), the
@@ -211,13 +211,13 @@ class Turn:
         limit = core.settings.max_prompt_tokens or limit_worker.capacity.max_req_input_len
         try:
             if large:
-                ids = await core.offload.run(self._prompt_ids, req, res, forced, limit, key=req.scope)
+                ids = await core.offload.run(prompt_ids, renderer, req, res, forced, limit, key=req.scope)
             else:
-                ids = self._prompt_ids(req, res, forced, limit)
+                ids = prompt_ids(renderer, req, res, forced, limit)
         except TooManyTokens as exc:
-            raise _too_long(f"at least {exc.at_least}", limit) from None
+            raise too_long(f"at least {exc.at_least}", limit) from None
         if limit and len(ids) > limit:
-            raise _too_long(str(len(ids)), limit)
+            raise too_long(str(len(ids)), limit)
         core.metrics.turns.labels(kind="continued" if res.base else ("new" if res.is_new_session else "branch")).inc()
         try:
             await core.policy.admit(session.id, len(ids), res.is_new_session, req.scope)
@@ -238,24 +238,6 @@ class Turn:
             self._route, generate_request(ids, session.id, params, salt), renderer.codec, parser, req.stop, forced,
             on_tokens=core.metrics.observe_tokens,
         )
-
-    def _prompt_ids(self, req: TurnRequest, res: Resolution, forced: str | None, limit: int) -> IdText:
-        """The engine's ids of the previous turn + only the new messages, or the whole history,
-        then the forced tool-call prefix; TooManyTokens past ``limit`` (0: none), known before
-        tokenizing where the text's length alone tells (``TokenCodec.check_fits``)."""
-        renderer = self.core.renderer
-        if res.base is not None:
-            new = req.messages[res.new_messages_from :]
-            room = max(limit - len(res.base.token_ids), 1) if limit else 0
-            try:
-                ids = res.base.token_ids + renderer.render_suffix(new, res.base.end_id, req.tools, req.template_kwargs, room)
-            except TooManyTokens as exc:
-                raise TooManyTokens(exc.at_least + len(res.base.token_ids), limit) from None
-        else:
-            ids = IdText(renderer.render_full(req.messages, req.tools, req.template_kwargs, limit))
-        if forced is not None:
-            ids += renderer.encode(forced)
-        return ids
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
         try:
@@ -306,9 +288,3 @@ def _text_chars(req: TurnRequest, messages: list[dict] | None = None) -> int:
     """What preparing a request costs, all fields counted (``sidecar.turn.offload.request_weight``);
     ``messages`` narrows it to the messages a continuing turn renders (its new ones)."""
     return request_weight(req.messages if messages is None else messages, req.tools, req.template_kwargs)
-
-
-def _too_long(count: str, limit: int) -> APIError:
-    return invalid_request(
-        f"prompt is {count} tokens, more than the limit of {limit}", param="messages", code="context_length_exceeded"
-    )
