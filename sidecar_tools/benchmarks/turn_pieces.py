@@ -63,6 +63,30 @@ def template_text(tok, messages: list[dict], tools) -> str:
     return tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
 
 
+def sandboxed_template(source: str):
+    """The chat template compiled as transformers' ``apply_chat_template`` compiles it (its
+    documented environment: sandboxed, trim/lstrip blocks, loop controls, a non-escaping ``tojson``,
+    ``raise_exception``, ``strftime_now``), built from jinja2's own API; ``measure`` checks it
+    renders the text ``apply_chat_template`` does, so it times that Jinja render alone."""
+    import datetime
+
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    return env.from_string(source)
+
+
 def backend_ids(tok, text: str) -> list[int]:
     return tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
 
@@ -71,7 +95,6 @@ def measure(tokenizer_dir: str, number: int, repeat: int) -> dict[str, Any]:
     import jinja2
     import pydantic_core
     from transformers import AutoTokenizer
-    from transformers.utils.chat_template_utils import _compile_jinja_template
 
     from sidecar.conversation.chat_template import ChatRenderer
     from sidecar.conversation.fingerprint import fingerprints
@@ -112,13 +135,13 @@ def measure(tokenizer_dir: str, number: int, repeat: int) -> dict[str, Any]:
     new = messages[-1:]
     piece("render_suffix_total_us", lambda: renderer.render_suffix(new, 151645, tools))
     anchor = [{"role": "user", "content": "."}, {"role": "assistant", "content": "\u2063m\u2063"}] + new
-    sandboxed = _compile_jinja_template(tok.chat_template)
+    sandboxed = sandboxed_template(tok.chat_template)
     plain_env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, extensions=[type(e) for e in sandboxed.environment.extensions.values()])
     plain_env.filters.update(sandboxed.environment.filters)
     plain_env.globals.update(sandboxed.environment.globals)
     plain = plain_env.from_string(tok.chat_template)
     variables = {"messages": anchor, "tools": tools, "add_generation_prompt": True, **tok.special_tokens_map}
-    assert plain.render(**variables) == sandboxed.render(**variables)
+    assert plain.render(**variables) == sandboxed.render(**variables) == template_text(tok, anchor, tools)
     piece("jinja_render_sandboxed_us", lambda: sandboxed.render(**variables))
     piece("jinja_render_unsandboxed_not_used_us", lambda: plain.render(**variables))
     text = template_text(tok, anchor, tools).split("\u2063m\u2063", 1)[1].removeprefix("<|im_end|>")
