@@ -232,3 +232,30 @@ def test_every_gap_reaches_the_progress_hook():
     ticks = []
     evaluate(records, load_settings(), on_gap=lambda: ticks.append(1))
     assert len(ticks) == len(records)
+
+
+def test_the_after_turn_lease_is_the_one_the_turn_leaves_in_force(monkeypatch):
+    """The replay makes the turn's policy calls: the after-turn lease is sent only when it moved
+    enough (``worth_revising``), else the request's lease stays in force and is what is scored."""
+    from collections import defaultdict
+
+    from sidecar.policy.lease_policy import LeasePolicy
+    from sidecar.turn.policy_calls import worth_revising
+    from sidecar_tools.gaps.evaluate import replay_predictive
+
+    asked, revised = defaultdict(list), defaultdict(list)  # per session, in turn order
+    for name, log in (("lease_request", asked), ("after_turn", revised)):
+        def spy(self, session_id, *args, _real=getattr(LeasePolicy, name), _log=log):
+            lease = _real(self, session_id, *args)
+            _log[session_id].append(lease)
+            return lease
+        monkeypatch.setattr(LeasePolicy, name, spy)
+    gaps = replay_predictive(synthesize_gap_trace("coding-agent", sessions=30, seed=3), load_settings(None))
+    sent_counts = {True: 0, False: 0}
+    for g in gaps:
+        sent, after = asked[g.record.session_id].pop(0), revised[g.record.session_id].pop(0)
+        assert g.ttl_request == (sent.ttl_s if sent is not None else 0.0)
+        goes_out = after is not None and worth_revising(sent, after)
+        assert g.ttl_after_turn == (after.ttl_s if goes_out else g.ttl_request)
+        sent_counts[goes_out] += 1
+    assert sent_counts[True] and sent_counts[False]  # both cases were replayed
