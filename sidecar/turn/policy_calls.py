@@ -1,8 +1,9 @@
 """The policy's calls of one turn, in the order a turn makes them.
 
-The turn core (``sidecar.turn.core.Turn``) makes these calls, and so does the simulator's
-in-process sidecar (``sidecar_tools.simulator.virtual_replay.SidecarLoop``): one sequence, so what the
-simulator measures is what the product does. Admission (``policy.admit``, or the simulator's
+The turn core (``sidecar.turn.core.Turn``) makes these calls, and so do the simulator's
+in-process sidecar (``sidecar_tools.simulator.virtual_replay.SidecarLoop``) and the offline gap
+replay (``sidecar_tools.gaps.evaluate``): one sequence, so what the tools measure is what the
+product does. Admission (``policy.admit``, or the simulator's
 ``offer_admission`` in virtual time) comes before :func:`turn_started`; ``release_admission``
 after the turn ended, however it ended.
 """
