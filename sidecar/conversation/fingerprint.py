@@ -25,12 +25,12 @@ def _sorted(value: Any) -> Any:
     return value
 
 
-def _canonical_calls(message: dict[str, Any]) -> str:
-    """Tool calls as the model saw them: [name, parsed arguments] each, keys sorted ("" if none).
+def _calls(message: dict[str, Any]) -> tuple[list[list[Any]], bool]:
+    """[name, parsed arguments] of each tool call, and whether a parse took the stdlib's way.
 
-    Parsed and written by pydantic-core (a turn's new messages pass here). Arguments it refuses
-    (not JSON, or holding an escaped lone surrogate) take the stdlib's way as before: kept as text,
-    or parsed into a str that ``extend_fingerprint`` then refuses as the client's error."""
+    Parsed by pydantic-core (a turn's new messages pass here). Arguments it refuses (not JSON, or
+    holding an escaped lone surrogate) take the stdlib's way as before: kept as text, or parsed
+    into a str that ``extend_fingerprint`` then refuses as the client's error."""
     calls, fallback = [], False
     for call in message.get("tool_calls") or ():
         fn = call.get("function", {})
@@ -45,6 +45,10 @@ def _canonical_calls(message: dict[str, Any]) -> str:
                 except ValueError:
                     pass
         calls.append([fn.get("name"), args])
+    return calls, fallback
+
+
+def _canonical(calls: list[list[Any]], fallback: bool) -> str:
     if not calls:
         return ""
     if not fallback:
@@ -53,6 +57,22 @@ def _canonical_calls(message: dict[str, Any]) -> str:
         except PydanticSerializationError:  # a lone surrogate in arguments parsed upstream
             pass
     return _SORTED_JSON.encode(calls)
+
+
+def _canonical_calls(message: dict[str, Any]) -> str:
+    """Tool calls as the model saw them: [name, parsed arguments] each, keys sorted ("" if none)."""
+    return _canonical(*_calls(message))
+
+
+def _calls_json(calls: list[list[Any]], fallback: bool) -> bytes | None:
+    """The calls' compact JSON in their own key order: equal bytes mean equal canonical calls
+    (the same JSON values, so the same once sorted), found without sorting (see same_message)."""
+    if not calls or fallback:
+        return None
+    try:
+        return to_json(calls)
+    except PydanticSerializationError:
+        return None
 
 
 def extend_fingerprint(previous: bytes, message: dict[str, Any]) -> bytes:
@@ -104,6 +124,9 @@ class MessageKey(NamedTuple):
     call_id: Any
     calls: tuple  # (name, arguments as sent) of each tool call: the cheap comparison
     canonical_calls: str  # _canonical_calls: the comparison when the arguments were re-serialized
+    # the calls' JSON with parsed arguments in their own key order: the comparison when a door
+    # parsed the arguments the reply streamed as text (every assistant message of every request)
+    calls_json: bytes | None = None
 
 
 def _raw_calls(message: dict[str, Any]) -> tuple:
@@ -115,13 +138,15 @@ def _raw_calls(message: dict[str, Any]) -> tuple:
 def message_key(message: dict[str, Any]) -> MessageKey:
     role = message.get("role")
     content = message.get("content") or ""
+    calls, fallback = _calls(message)
     return MessageKey(
         role,
         content.strip() if role == "assistant" else content,
         message.get("name"),
         message.get("tool_call_id") if role == "tool" else None,
         _raw_calls(message),
-        _canonical_calls(message),
+        _canonical(calls, fallback),
+        _calls_json(calls, fallback),
     )
 
 
@@ -139,7 +164,45 @@ def same_message(key: MessageKey, message: dict[str, Any]) -> bool:
         return False
     if not key.calls and not message.get("tool_calls"):
         return True
-    return _raw_calls(message) == key.calls or _canonical_calls(message) == key.canonical_calls
+    raw = _raw_calls(message)
+    if raw == key.calls:
+        return True
+    if key.calls_json is not None and raw and not any(isinstance(args, str) for _, args in raw):
+        try:  # arguments parsed by the door: their JSON as it is, before any sorting
+            if to_json([[name, args] for name, args in raw]) == key.calls_json:
+                return True
+        except PydanticSerializationError:
+            pass
+    return _canonical_calls(message) == key.canonical_calls
+
+
+def _weak(role: Any, text: str, name: Any, call_id: Any, call_names: tuple) -> tuple:
+    return (role, text, name, call_id, call_names)
+
+
+def tail_of_key(keys: tuple[MessageKey, ...]) -> int:
+    """A hash of what the last two stored messages of a turn have in common with any request's
+    copies of them that ``same_message`` accepts (role, text, name, call id, tool names), and of
+    how many messages the turn covers: where an implicit request looks for the turn it
+    continues (equal hashes are candidates, compared in full)."""
+    def weak(key: MessageKey) -> tuple:
+        return _weak(key.role, key.text, key.name, key.call_id, tuple(name for name, _ in key.calls))
+
+    return hash((weak(keys[-2]) if len(keys) > 1 else None, weak(keys[-1]), len(keys)))
+
+
+def message_tail(messages: list[dict[str, Any]], i: int) -> int:
+    """``tail_of_key`` of the keys of ``messages[: i + 1]``, read off the messages themselves
+    (Python's string hash of two messages' text, nothing canonicalized); TypeError for a field
+    that no key could hold."""
+    def weak(message: dict[str, Any]) -> tuple:
+        role = message.get("role")
+        content = message.get("content") or ""
+        names = tuple(fn.get("name") for fn in (c.get("function", {}) for c in message.get("tool_calls") or ()))
+        return _weak(role, content.strip() if role == "assistant" else content, message.get("name"),
+                     message.get("tool_call_id") if role == "tool" else None, names)
+
+    return hash((weak(messages[i - 1]) if i > 0 else None, weak(messages[i]), i + 1))
 
 
 def reply_message(content: str, tool_calls: Iterable[tuple[str, str]]) -> dict[str, Any]:

@@ -29,7 +29,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.conversation.fingerprint import MessageKey, extend_fingerprint, message_key, same_message, fingerprints
+from sidecar.conversation.fingerprint import (
+    MessageKey, extend_fingerprint, fingerprints, message_key, message_tail, same_message, tail_of_key,
+)
 from sidecar.engine.worker import Worker
 from sidecar.errors import APIError, invalid_request
 from sidecar.id_text import IdText
@@ -152,7 +154,12 @@ class Resolution:
 
 
 def _text_bytes(key: MessageKey) -> int:
-    return len(key.text) + sum(len(a) for _, a in key.calls if isinstance(a, str))
+    return len(key.text) + sum(len(a) for _, a in key.calls if isinstance(a, str)) + len(key.calls_json or b"")
+
+
+def _continues(keys: tuple[MessageKey, ...], messages: list[dict[str, Any]]) -> bool:
+    """``messages`` begin with the messages ``keys`` were made from (compared newest first)."""
+    return len(keys) <= len(messages) and all(same_message(keys[i], messages[i]) for i in range(len(keys) - 1, -1, -1))
 
 
 def _keys(base: TurnState | None, messages: list[dict[str, Any]]) -> tuple[tuple[MessageKey, ...], int]:
@@ -181,6 +188,10 @@ class SessionStore:
         self._metrics = metrics
         self._sessions: "OrderedDict[str, Session]" = OrderedDict()
         self._index: dict[tuple[str, bytes], str] = {}  # (scope, turn fingerprint) -> session id
+        # (scope, hash of its last two messages) -> the keyed turn states that end so: {(session id,
+        # fingerprint): None}; an implicit request finds its turn there by comparing, not hashing
+        self._tails: dict[tuple[str, int], dict[tuple[str, bytes], None]] = {}
+        self._keyless = 0  # turn states without message keys (made by hand): the index cannot see them
         policy.bind(self)
 
     def __len__(self) -> int:
@@ -242,11 +253,15 @@ class SessionStore:
         keys, new_text = _keys(base, messages)
         return Resolution(session, base, base.n_messages if base else 0, is_new, prints[-1] if prints else b"", keys, new_text)
 
-    def known_turn(self, messages: list[dict[str, Any]], explicit_id: str, scope: str = "") -> TurnState | None:
-        """The longest stored turn of an explicit session that ``messages`` continue, found by
-        comparing them with its stored message keys (``==`` on the text, newest first, so an edit
-        fails fast): nothing of the history is hashed. None when the session is unknown, nothing
-        matches, or a state has no keys (then :meth:`resolve` decides, by fingerprints)."""
+    def known_turn(self, messages: list[dict[str, Any]], explicit_id: str | None, scope: str = "") -> TurnState | None:
+        """The longest stored turn that ``messages`` continue, found by comparing them with stored
+        message keys (``==`` on the text, newest first, so an edit fails fast): nothing of the
+        history is hashed. For an explicit id, among that session's turns; without one (implicit),
+        among the turns whose last two messages are the request's at the same place, in the order
+        and with the winner :meth:`resolve` would pick. None when nothing matches or a state has
+        no keys (then :meth:`resolve` decides, by fingerprints)."""
+        if explicit_id is None:
+            return self._known_implicit(messages, scope)
         session = self._sessions.get(scoped_id(scope, explicit_id))
         if session is None or not session.turns:
             return None
@@ -255,18 +270,43 @@ class SessionStore:
             return None
         n = len(messages)
         for state in sorted(states, key=lambda st: st.n_messages, reverse=True):
-            keys = state.keys
-            if len(keys) <= n and all(same_message(keys[i], messages[i]) for i in range(len(keys) - 1, -1, -1)):
+            if len(state.keys) <= n and _continues(state.keys, messages):
                 return state
         return None
 
+    def _known_implicit(self, messages: list[dict[str, Any]], scope: str) -> TurnState | None:
+        """``resolve``'s implicit match without fingerprints: for each assistant message from the
+        last, a stored turn ending there whose keys all match has the fingerprint of this prefix,
+        so the fingerprint index names the same session and state that hashing would find."""
+        if self._keyless or not self._tails:
+            return None
+        for i in range(len(messages) - 1, -1, -1):
+            if messages[i].get("role") != "assistant":
+                continue
+            try:
+                tail = (scope, message_tail(messages, i))
+            except TypeError:  # an unhashable field: hashing decides
+                return None
+            for sid, fp in self._tails.get(tail, ()):
+                session = self._sessions.get(sid)
+                state = session.turns.get(fp) if session is not None else None
+                if state is None or state.n_messages != i + 1 or not _continues(state.keys, messages):
+                    continue
+                owner = self._sessions.get(self._index.get((scope, fp), ""))
+                found = owner.turns.get(fp) if owner is not None else None
+                if found is not None and found.n_messages == i + 1:
+                    return found
+                break  # every state here has this prefix's fingerprint: the index has none of them
+        return None
+
     def continue_turn(
-        self, messages: list[dict[str, Any]], explicit_id: str, scope: str, base: TurnState, fingerprint: bytes
+        self, messages: list[dict[str, Any]], explicit_id: str | None, scope: str, base: TurnState, fingerprint: bytes
     ) -> Resolution | None:
         """The resolution of a request that continues ``base`` (from :meth:`known_turn`), whose
         whole fingerprint the caller extended from ``base.fingerprint`` over the new messages;
         None if ``base`` left its session meanwhile (then :meth:`resolve` decides)."""
-        session = self._sessions.get(scoped_id(scope, explicit_id))
+        sid = scoped_id(scope, explicit_id) if explicit_id is not None else self._index.get((scope, base.fingerprint), "")
+        session = self._sessions.get(sid)
         if session is None or session.turns.get(base.fingerprint) is not base:
             return None
         self._sessions.move_to_end(session.id)
@@ -290,7 +330,9 @@ class SessionStore:
         replaced = session.turns.get(state.fingerprint)
         if replaced is not None:
             self._count_bytes(session, -replaced.nbytes)
+            self._untail(session, state.fingerprint, replaced)
         session.turns[state.fingerprint] = state
+        self._tail(session, state)
         session.turns.move_to_end(state.fingerprint)
         self._count_bytes(session, state.nbytes)
         while len(session.turns) > MAX_TURN_STATES_PER_SESSION:
@@ -303,9 +345,27 @@ class SessionStore:
         self._index[(session.scope, state.fingerprint)] = session.id
         session.turn_count += 1
 
+    def _tail(self, session: Session, state: TurnState) -> None:
+        if state.keys is None:
+            self._keyless += 1
+            return
+        self._tails.setdefault((session.scope, tail_of_key(state.keys)), {})[(session.id, state.fingerprint)] = None
+
+    def _untail(self, session: Session, fp: bytes, state: TurnState) -> None:
+        if state.keys is None:
+            self._keyless -= 1
+            return
+        tail = (session.scope, tail_of_key(state.keys))
+        entries = self._tails.get(tail)
+        if entries is not None:
+            entries.pop((session.id, fp), None)
+            if not entries:
+                del self._tails[tail]
+
     def _drop_oldest_turn(self, session: Session) -> None:
         old_fp, old = session.turns.popitem(last=False)
         self._count_bytes(session, -old.nbytes)
+        self._untail(session, old_fp, old)
         if self._index.get((session.scope, old_fp)) == session.id:
             del self._index[(session.scope, old_fp)]
 
@@ -328,9 +388,10 @@ class SessionStore:
             return
         del self._sessions[session.id]
         self.nbytes -= session.nbytes
-        for fp in session.turns:
+        for fp, state in session.turns.items():
             if self._index.get((session.scope, fp)) == session.id:
                 del self._index[(session.scope, fp)]
+            self._untail(session, fp, state)
         self.policy.on_session_closed(session.record, reason)
         if session.worker is not None:
             session.worker.release(session.id)

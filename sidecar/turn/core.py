@@ -181,11 +181,12 @@ class Turn:
         return self
 
     async def _resolve(self, req: TurnRequest, explicit: str | None) -> Resolution:
-        """The session and turn the request continues. A session named by its id is matched by
-        comparing the messages with its stored turns, and only the new messages are hashed; else
-        the whole history is fingerprinted (off the event loop when it is large)."""
+        """The session and turn the request continues. A stored turn it continues (of the session
+        its id names, or found by its last messages) is matched by comparing the messages with it,
+        and only the new messages are hashed; else the whole history is fingerprinted (off the
+        event loop when it is large)."""
         core, messages = self.core, req.messages
-        base = core.sessions.known_turn(messages, explicit, req.scope) if explicit is not None else None
+        base = core.sessions.known_turn(messages, explicit, req.scope)
         if base is not None:
             new = messages[base.n_messages :]
             weight = _text_chars(req, new)

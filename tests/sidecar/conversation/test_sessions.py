@@ -1,5 +1,6 @@
 """Session store: which turn a request continues, what a diverging history does, how a session goes."""
 
+import json
 from array import array
 
 from sidecar.conversation.fingerprint import extend_fingerprint, fingerprints
@@ -232,7 +233,8 @@ def test_a_named_session_is_continued_by_comparing_messages_not_hashing_them():
 def test_message_keys_are_counted_once_per_turn_in_the_session_bytes():
     store = new_store()
     first, state = _record_via_resolution(store, [SYSTEM, USER], REPLY, [1, 2, 3])
-    text = len(SYSTEM["content"]) + len(USER["content"]) + len('{"cmd": "ls"}')
+    # the texts, the reply's arguments as sent, and its calls' JSON with the arguments parsed
+    text = len(SYSTEM["content"]) + len(USER["content"]) + len('{"cmd": "ls"}') + len('[["bash",{"cmd":"ls"}]]')
     assert state.text_bytes == text
     request = [SYSTEM, USER, REPLY, TOOL]
     res = store.continue_turn(request, "agent", "", state, extend_fingerprint(state.fingerprint, TOOL))
@@ -240,3 +242,42 @@ def test_message_keys_are_counted_once_per_turn_in_the_session_bytes():
     assert nxt.keys[:3] is not None and nxt.keys[:3] == state.keys  # shared with the turn it continued
     assert nxt.keys[0] is state.keys[0]
     assert nxt.text_bytes == len(TOOL["content"]) + len("done")  # only what this turn added
+
+
+def test_an_implicit_request_finds_by_comparing_the_turn_hashing_would_find():
+    """``known_turn`` without an id names exactly the stored turn (and so the session) that
+    fingerprints of the whole history would, through identical histories in several sessions,
+    retries of older turns, edits, re-serialized arguments, and sessions and turns forgotten."""
+    import random
+
+    rng = random.Random(5)
+    store = new_store(max_sessions=12)
+    replies = [{"role": "assistant", "content": "Let me look."},
+               {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "bash", "arguments": '{"cmd": "ls"}'}}]},
+               {"role": "assistant", "content": "Done.", "tool_calls": [{"function": {"name": "bash", "arguments": '{"cmd": "ls", "n": 1}'}}]}]
+    tools = [{"role": "tool", "tool_call_id": "c", "content": text} for text in ("a.py", "b.py", "FAILED")]
+    histories = [[SYSTEM, USER]]
+    found = 0
+    for _ in range(400):
+        request = list(rng.choice(histories))
+        if rng.random() < 0.15 and len(request) > 2:  # an edit somewhere in the history
+            at = rng.randrange(len(request))
+            request[at] = {**request[at], "content": (request[at].get("content") or "") + " (edited)"}
+        for i, m in enumerate(request):  # a client that re-serializes the arguments it got, or parsed them
+            if m.get("tool_calls") and rng.random() < 0.5:
+                args = m["tool_calls"][0]["function"]["arguments"]
+                parsed = json.loads(args) if isinstance(args, str) else args
+                request[i] = {**m, "tool_calls": [{"id": "x", "function": {"name": "bash", "arguments": rng.choice([parsed, json.dumps(parsed, indent=1)])}}]}
+        known = store.known_turn(request, None)
+        res = store.resolve(request, None)
+        assert known is res.base
+        found += known is not None
+        reply = rng.choice(replies)
+        store.record_turn(res.session, res.next_state(reply, IdText([1, 2, 3]), 151645))
+        histories.append(request + [reply, rng.choice(tools)])
+    assert found > 100  # most requests continued a turn
+    assert len(store) == 12  # and sessions were forgotten on the way
+    # a turn made without message keys: the index cannot vouch for it, hashing decides
+    keyless = store.resolve([SYSTEM, {"role": "user", "content": "other"}], None)
+    store.record_turn(keyless.session, _turn([SYSTEM, {"role": "user", "content": "other"}], REPLY, [1]))
+    assert store.known_turn(histories[-1], None) is None

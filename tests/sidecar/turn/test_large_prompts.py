@@ -131,8 +131,8 @@ def test_counting_ahead_never_refuses_a_text_that_fits(codec, parts, limit):
 
 def test_a_huge_text_costs_what_its_first_limit_of_tokens_costs(codec, monkeypatch):
     pieces = []
-    original = TokenCodec._encoding
-    monkeypatch.setattr(TokenCodec, "_encoding", lambda self, backend, text: pieces.append(len(text)) or original(self, backend, text))
+    original = TokenCodec._ids
+    monkeypatch.setattr(TokenCodec, "_ids", lambda self, backend, text: pieces.append(len(text)) or original(self, backend, text))
     text = "the quick brown fox jumps over the lazy dog\n" * 200_000  # 9 MB, ~2M tokens
     with pytest.raises(Exception) as info:
         codec.encode(text, 100_000)

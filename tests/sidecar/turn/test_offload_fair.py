@@ -109,8 +109,8 @@ async def sidecar(make_sidecar, make_sglang_double):
 
 def _spy_encoded_chars(monkeypatch) -> list[int]:
     pieces: list[int] = []
-    original = TokenCodec._encoding
-    monkeypatch.setattr(TokenCodec, "_encoding", lambda self, backend, text: pieces.append(len(text)) or original(self, backend, text))
+    original = TokenCodec._ids
+    monkeypatch.setattr(TokenCodec, "_ids", lambda self, backend, text: pieces.append(len(text)) or original(self, backend, text))
     return pieces
 
 
