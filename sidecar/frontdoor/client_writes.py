@@ -20,7 +20,18 @@ class ClientStalled(ConnectionError):
 
 async def write_within(request: web.Request, response: web.StreamResponse, data: bytes, timeout_s: float, last: bool = False) -> None:
     """``response.write(data)`` (``write_eof`` with ``last``) or, after ``timeout_s`` without the
-    client reading, ClientStalled with the connection closed."""
+    client reading, ClientStalled with the connection closed.
+
+    A write waits for the client only while its transport holds more than the high-water mark;
+    one that leaves it at or below the low-water mark cannot wait (nothing paused it, or it
+    resumed), so it goes out without arming the timer: a frame per token, most of a stream."""
+    transport = request.transport
+    if transport is not None and _cannot_wait(transport, len(data)):
+        if last:
+            await response.write_eof(data)
+        else:
+            await response.write(data)
+        return
     try:
         async with asyncio.timeout(timeout_s):
             if last:
@@ -31,3 +42,12 @@ async def write_within(request: web.Request, response: web.StreamResponse, data:
         if request.transport is not None:
             request.transport.abort()  # drop what is buffered for it: it is not reading
         raise ClientStalled(f"the client read nothing for {timeout_s:g} s") from None
+
+
+def _cannot_wait(transport, n: int) -> bool:
+    """Whether ``n`` more bytes leave ``transport``'s buffer at or below its low-water mark."""
+    try:
+        low, _high = transport.get_write_buffer_limits()
+        return transport.get_write_buffer_size() + n <= low
+    except (AttributeError, NotImplementedError):  # a transport without flow control: the timer decides
+        return False
