@@ -53,6 +53,7 @@ class EngineClient:
         # SGLang's --api-key; sent on every call (SGLang itself leaves /health and /metrics open).
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._json_headers = {**self.headers, "Content-Type": "application/json"}
+        self._draining: set[asyncio.Future] = set()  # responses read to their end after [DONE]
 
     def _url(self, path: str) -> URL:
         """Parsed once per path: yarl parsing a URL string on every request is measurable per turn."""
@@ -135,6 +136,7 @@ class EngineClient:
             "POST", "/generate", data=body, timeout=timeout,
             headers={**self._json_headers, **headers} if headers else self._json_headers,
         )
+        done = False
         try:
             if on_response is not None:
                 on_response(resp.headers)
@@ -143,12 +145,14 @@ class EngineClient:
                 for line in splitter.feed(chunk):
                     event = sse_event(line)
                     if event is _DONE:
+                        done = True
                         return
                     if event is not None:
                         yield event
             for line in splitter.flush():
                 event = sse_event(line)
                 if event is _DONE:
+                    done = True
                     return
                 if event is not None:
                     yield event
@@ -157,7 +161,18 @@ class EngineClient:
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             raise engine_unavailable("SGLang dropped the stream", exc) from None
         finally:
-            resp.release()
+            if done and not resp.content.is_eof():
+                self._release_at_eof(resp)
+            else:
+                resp.release()
+
+    def _release_at_eof(self, resp: aiohttp.ClientResponse) -> None:
+        """After [DONE] only the end of the chunked body is left; released before it was read, the
+        connection would be closed and the next turn would open a new one (a TCP handshake and
+        aiohttp's connection setup on both sides). Read in the background, a few seconds at most."""
+        task = asyncio.ensure_future(_read_to_eof(resp))
+        self._draining.add(task)
+        task.add_done_callback(self._draining.discard)
 
     async def abort(self, rid: str) -> None:
         """Best effort: the agent is gone, free the engine's work."""
@@ -181,6 +196,19 @@ class EngineClient:
             resp.release()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             log.warning("%s failed: %s", what, exc)
+
+
+_DRAIN_S = 5.0  # how long the end of a body after [DONE] may take before the connection is dropped
+
+
+async def _read_to_eof(resp: aiohttp.ClientResponse) -> None:
+    try:
+        async with asyncio.timeout(_DRAIN_S):
+            await resp.content.read()
+    except (asyncio.TimeoutError, aiohttp.ClientError, OSError):
+        pass
+    finally:
+        resp.release()  # reused if the body was read to its end, else closed
 
 
 def _json_body(payload: dict[str, Any]) -> bytes:

@@ -84,8 +84,14 @@ class Generation:
         stopped_by_string = False
         self._engine_busy = True
         seen, last_at = 0, 0.0
+        finished = False
         try:
             async for chunk in self.engine.generate_stream(self.payload):
+                if finished:
+                    # past the finish only SGLang's [DONE] comes: reading it to the end of the body
+                    # keeps the connection for the next turn (one left unread is closed, and the
+                    # next turn pays a new TCP connection on both sides)
+                    continue
                 ids = chunk.get("output_ids") or []
                 meta = chunk.get("meta_info") or {}
                 if len(ids) > seen:
@@ -110,8 +116,8 @@ class Generation:
                 if finish is not None:
                     self._engine_busy = False
                     self._read_finish(finish)
-                    break
-            else:
+                    finished = True
+            if not finished and not stopped_by_string:
                 self._engine_busy = False
                 raise engine_error("SGLang ended the stream without a finish reason")
         except APIError as err:

@@ -103,3 +103,37 @@ async def test_a_web_server_that_is_not_sglang_gets_one_clear_line_not_its_page(
         else:
             raise AssertionError("a 404 page was taken for SGLang's /server_info")
     assert "not SGLang" in message and "\n" not in message and "<html" not in message
+
+
+async def test_streams_read_to_done_keep_their_connection_for_the_next_one():
+    """SGLang ends each stream with [DONE] and then the end of its chunked body, which may come a
+    moment later: the connection is kept for the next request all the same (a stream that did not
+    reach [DONE] still drops its connection)."""
+    peers = []
+
+    async def handler(request):
+        peers.append(request.transport.get_extra_info("peername"))
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await resp.write(b'data: {"output_ids": [1], "meta_info": {"finish_reason": {"type": "length"}}}\n\n')
+        await resp.write(b"data: [DONE]\n\n")
+        await asyncio.sleep(0.05)  # the body's end comes after the client read [DONE]
+        await resp.write_eof()
+        return resp
+
+    runner, url = await _serve(handler)
+    try:
+        async with aiohttp.ClientSession() as http:
+            client = EngineClient(url, http)
+            for _ in range(3):
+                assert [e["output_ids"] async for e in client.generate_stream({"rid": "r", "input_ids": [1]})] == [[1]]
+                await asyncio.sleep(0.1)  # the next turn comes after the body's end
+            assert len(set(peers)) == 1  # one connection for the three streams
+            stream = client.generate_stream({"rid": "r", "input_ids": [1]})
+            await stream.__anext__()
+            await stream.aclose()  # given up before [DONE]
+            await asyncio.sleep(0.2)
+            assert [e["output_ids"] async for e in client.generate_stream({"rid": "r", "input_ids": [1]})] == [[1]]
+    finally:
+        await runner.cleanup()
+    assert len(set(peers)) == 2 and peers[-2] != peers[-1]  # the abandoned stream's connection was not reused

@@ -103,3 +103,23 @@ async def test_the_result_folds_tool_calls_as_they_stream():
     assert gen.result.content == "ok"
     assert [(c.name, c.arguments) for c in gen.result.tool_calls] == [("bash", '{"cmd": "ls"}')]
     assert gen.result.finish_reason == "tool_calls"
+
+
+async def test_after_the_finish_the_stream_is_read_to_its_end_and_nothing_more_is_taken():
+    """The relay reads SGLang's stream to its end after the finish (its [DONE]; a stream left
+    unread loses its connection), and nothing after the finish changes the reply."""
+
+    class Chatty(Engine):
+        ended = False
+
+        async def generate_stream(self, payload):
+            async for chunk in super().generate_stream(payload):
+                yield chunk
+            yield {"output_ids": self.ids + [5, 5], "meta_info": {"finish_reason": None}}
+            self.ended = True
+
+    engine = Chatty([7, 4, 11, 11, 14], finish={"type": "stop", "matched": 99})
+    gen = generation(engine)
+    assert await read_all(gen) == "hello"
+    assert engine.ended and gen.finished
+    assert gen.result.output_ids == [7, 4, 11, 11, 14, 99]
