@@ -22,9 +22,10 @@ async def write_within(request: web.Request, response: web.StreamResponse, data:
     """``response.write(data)`` (``write_eof`` with ``last``) or, after ``timeout_s`` without the
     client reading, ClientStalled with the connection closed.
 
-    A write waits for the client only while its transport holds more than the high-water mark;
-    one that leaves it at or below the low-water mark cannot wait (nothing paused it, or it
-    resumed), so it goes out without arming the timer: a frame per token, most of a stream."""
+    A write waits for the client only while its transport is paused: from when its buffer went
+    past the high-water mark until it drained to the low-water mark. A write to a buffer at or
+    below the low-water mark (so not paused) that stays within the high-water mark cannot wait,
+    so it goes out without arming the timer: a frame per token, most of a stream."""
     transport = request.transport
     if transport is not None and _cannot_wait(transport, len(data)):
         if last:
@@ -45,9 +46,10 @@ async def write_within(request: web.Request, response: web.StreamResponse, data:
 
 
 def _cannot_wait(transport, n: int) -> bool:
-    """Whether ``n`` more bytes leave ``transport``'s buffer at or below its low-water mark."""
+    """Whether writing ``n`` bytes to ``transport`` cannot pause it (nor find it paused)."""
     try:
-        low, _high = transport.get_write_buffer_limits()
-        return transport.get_write_buffer_size() + n <= low
+        low, high = transport.get_write_buffer_limits()
+        size = transport.get_write_buffer_size()
+        return size <= low and size + n <= high
     except (AttributeError, NotImplementedError):  # a transport without flow control: the timer decides
         return False

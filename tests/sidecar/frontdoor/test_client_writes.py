@@ -41,10 +41,12 @@ class Response:
         await self.write(data)
 
 
-async def test_a_write_that_stays_under_the_low_water_mark_goes_out():
+@pytest.mark.parametrize("buffered", [0, 16])
+async def test_a_write_that_cannot_pause_the_transport_goes_out(buffered):
+    """At or below the low-water mark (not paused) and staying within the high-water mark."""
     response = Response(blocks=False)
-    await write_within(Request(Transport(buffered=6)), response, b"0123456789", 0.01, last=True)  # 6 + 10 <= 16
-    assert response.written == [b"0123456789"]
+    await write_within(Request(Transport(buffered)), response, b"x" * (64 - buffered), 0.01, last=True)
+    assert response.written == [b"x" * (64 - buffered)]
 
 
 class NoFlowControl:
@@ -54,9 +56,13 @@ class NoFlowControl:
         self.aborted = True
 
 
-@pytest.mark.parametrize("transport", [Transport(buffered=7), Transport(buffered=0, limits=(4, 8)), NoFlowControl()])
+@pytest.mark.parametrize("transport", [
+    Transport(buffered=17),  # above the low-water mark: it may be paused
+    Transport(buffered=0, limits=(4, 8)),  # the write takes it past the high-water mark
+    NoFlowControl(),
+])
 async def test_a_write_that_may_wait_is_cut_at_the_timeout(transport):
-    """Past the low-water mark (or on a transport without flow control) the timer is armed: a
+    """Where the write may wait (or on a transport without flow control) the timer is armed: a
     client that reads nothing is cut and its connection dropped."""
     with pytest.raises(ClientStalled):
         await write_within(Request(transport), Response(blocks=True), b"0123456789", 0.01)
