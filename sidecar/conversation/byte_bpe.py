@@ -32,6 +32,14 @@ import threading
 from typing import Any, Callable
 
 _NF_NORMALIZERS = {"NFC", "NFD", "NFKC", "NFKD"}  # the identity on ASCII
+# Split patterns that match at every position of any ASCII text, never empty (Qwen2/3 and Llama 3;
+# cl100k's with \p{N}{1,3}): each ASCII character starts an alternative that needs only it (a
+# letter, a digit, another non-space, a space), no alternative matches empty, and tiktoken drops
+# nothing, so its ids need no check that they cover the text.
+TOTAL_PATTERNS = frozenset({
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
+})
 _CLASS_ESCAPES = set("sSdDwWrnt")  # escapes whose ASCII meaning both regex engines share
 _GROUPS = ("(?:", "(?i:", "(?!", "(?=")
 
@@ -136,8 +144,9 @@ def _plain_bpe(model: dict) -> bool:
 class ByteLevelBPE:
     """``encode(text)``: the backend's ids, ASCII pieces by tiktoken (see the module docstring)."""
 
-    def __init__(self, encoding, added: dict[str, int], backend_encode: Callable[[str], list[int]]):
+    def __init__(self, encoding, added: dict[str, int], backend_encode: Callable[[str], list[int]], total: bool = False):
         self._encoding = encoding
+        self._total = total  # the pattern covers every ASCII text (TOTAL_PATTERNS)
         self._encode_ordinary = encoding.encode_ordinary
         self._decode_bytes = encoding.decode_bytes
         self._added = added
@@ -165,7 +174,7 @@ class ByteLevelBPE:
         def backend_encode(piece: str) -> list[int]:
             return backend.encode_batch_fast([piece], add_special_tokens=False)[0].ids
 
-        return cls(encoding, added, backend_encode)
+        return cls(encoding, added, backend_encode, encoding._pat_str in TOTAL_PATTERNS)
 
     def encode(self, text: str) -> list[int]:
         if self._split is None:
@@ -192,7 +201,7 @@ class ByteLevelBPE:
                 if type(exc).__name__ != "PanicException":
                     raise
             else:
-                if len(self._decode_bytes(ids)) == len(text):
+                if self._total or len(self._decode_bytes(ids)) == len(text):
                     return ids
         return self._backend_encode(text)
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from sidecar.conversation.byte_bpe import ByteLevelBPE, portable_pattern
+from sidecar.conversation.byte_bpe import TOTAL_PATTERNS, ByteLevelBPE, portable_pattern
 from sidecar.conversation.chat_template import ChatRenderer
 from sidecar.conversation.tokens import TokenCodec
 
@@ -167,3 +167,20 @@ def test_a_tokenizer_that_may_differ_gets_no_fast_path(edit):
 ])
 def test_portable_patterns(pattern, portable):
     assert portable_pattern(pattern) is portable
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet=st.characters(max_codepoint=127), max_size=120))
+def test_the_patterns_trusted_to_cover_ascii_text_do(text):
+    """TOTAL_PATTERNS skip the check that tiktoken's ids cover the text: their matches, found
+    one after another as tiktoken finds them, leave no character out and are never empty."""
+    import regex
+
+    for pattern in TOTAL_PATTERNS:
+        matches = [m.group() for m in regex.finditer(pattern, text)]
+        assert all(matches) and "".join(matches) == text
+
+
+def test_the_qwen3_fast_path_trusts_its_pattern(codec):
+    assert QWEN_PATTERN in TOTAL_PATTERNS and LLAMA3_PATTERN in TOTAL_PATTERNS
+    assert codec._fast._total
