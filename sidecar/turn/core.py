@@ -9,13 +9,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from sidecar import logs
 from sidecar.conversation.chat_template import ChatRenderer
 from sidecar.conversation.fingerprint import chain_fingerprint, fingerprints, reply_message
 from sidecar.conversation.store import Resolution, Session, SessionStore, check_session_id
-from sidecar.conversation.tokens import TooManyTokens
+from sidecar.conversation.tokens import CUT_SLACK, TooManyTokens
 from sidecar.engine.generate import generate_request, sampling_params
 from sidecar.engine.fleet import Fleet
 from sidecar.engine.lease import LeaseRequest
@@ -28,7 +28,7 @@ from sidecar.metrics import SidecarMetrics
 from sidecar.policy import AdmissionRejected, SessionPolicy, build_policy
 from sidecar.settings import ServerSettings, SidecarSettings
 from sidecar.turn.cache_namespace import CacheNamespace, visible_cached
-from sidecar.turn.offload import OFFLOAD_CHARS, Offload, request_weight
+from sidecar.turn.offload import Offload, request_weight
 from sidecar.turn.policy_calls import turn_finished, turn_started
 from sidecar.turn.request import TurnRequest, check_counts
 from sidecar.turn.tenants import RateLimits, too_many
@@ -88,20 +88,33 @@ class TurnCore:
             raise invalid_request(f"stop_token_ids must be token ids in [0, {vocab})", param="stop_token_ids")
         self.renderer.check_template_kwargs(request.template_kwargs)
 
+    async def refuse_surely_too_long(self, request: TurnRequest) -> None:
+        """A request whose text is many times what the prompt limit can hold is counted first, its
+        long strings as plain text (on the pool, bounded by the limit): past the limit it is refused
+        before it is hashed or rendered, work (one JSON encoding of a 12 MB tool argument) that
+        holds the GIL and so the event loop for tens of milliseconds at a time."""
+        limit = self.settings.max_prompt_tokens or max((w.capacity.max_req_input_len for w in self.workers), default=0)
+        enough = SURELY_TOO_LONG_CHARS_PER_TOKEN * limit
+        if not limit or request_weight(request.messages, request.tools, request.template_kwargs, enough + 1) <= enough:
+            return
+        try:
+            await self.offload.run(_count_rendered_strings, self.renderer.codec, request, limit, key=request.scope, weight=enough)
+        except TooManyTokens as exc:
+            raise _too_long(f"at least {exc.at_least}", limit) from None
+
     async def count_tokens(self, request: TurnRequest) -> int:
         """The request's prompt in tokens, rendered whole (what a new session would send): the
         key's request rate and the checks of a turn hold, and a large prompt is rendered and
         tokenized on the worker thread (503 tokenizer_busy past its deadline), as a turn's is."""
         self.rate_limits.take(request.scope)
         self.check(request)
+        await self.refuse_surely_too_long(request)
         render = self.renderer.render_full
         limit = self.settings.max_prompt_tokens or self.workers.first().capacity.max_req_input_len or COUNT_TOKENS_LIMIT
         args = (request.messages, request.tools, request.template_kwargs, limit)
         weight = _text_chars(request)
         try:
-            if weight >= OFFLOAD_CHARS:
-                return len(await self.offload.run(render, *args, key=request.scope, weight=weight))
-            return len(render(*args))
+            return len(await self.offload.prepare(render, *args, key=request.scope, weight=weight))
         except TooManyTokens as exc:  # counted ahead: no text is tokenized past the limit
             raise _too_long(f"at least {exc.at_least}", limit) from None
 
@@ -164,17 +177,17 @@ class Turn:
         core.rate_limits.take(req.scope)
         core.check(req)
         explicit = check_session_id(req.session_id) if req.session_id is not None else None
+        await core.refuse_surely_too_long(req)
         res = self.resolution = await self._resolve(req, explicit)
         # megabytes of text are hashed, rendered and tokenized off the event loop (sidecar.turn.offload);
         # a continuing turn renders and tokenizes only its new messages, so only they count
         weight = _text_chars(req, req.messages[res.new_messages_from :])
-        large = weight >= OFFLOAD_CHARS
         logs.bind_session(res.session.public_id)
         self._n_messages = len(req.messages)
         session = res.session
         session.inflight += 1
         try:
-            await self._prepare(req, res, session, large)
+            await self._prepare(req, res, session, weight)
         except BaseException:
             self._release()
             raise
@@ -189,16 +202,15 @@ class Turn:
         if base is not None:
             new = messages[base.n_messages :]
             weight = _text_chars(req, new)
-            fp = (await core.offload.run(chain_fingerprint, base.fingerprint, new, key=req.scope, weight=weight)
-                  if weight >= OFFLOAD_CHARS else chain_fingerprint(base.fingerprint, new))
-            res = core.sessions.continue_turn(messages, explicit, req.scope, base, fp)
+            fp = await core.offload.prepare(chain_fingerprint, base.fingerprint, new, key=req.scope, weight=weight)
+            res = core.sessions.continue_turn(messages, explicit, req.scope, base, fp, keys=False)
             if res is not None:
                 return res
         weight = _text_chars(req)
-        prints = await core.offload.run(fingerprints, messages, key=req.scope, weight=weight) if weight >= OFFLOAD_CHARS else None
-        return core.sessions.resolve(messages, explicit, req.scope, prints)
+        prints = await core.offload.prepare(fingerprints, messages, key=req.scope, weight=weight)
+        return core.sessions.resolve(messages, explicit, req.scope, prints, keys=False)  # keys: with the prompt ids
 
-    async def _prepare(self, req: TurnRequest, res: Resolution, session: Session, large: bool) -> None:
+    async def _prepare(self, req: TurnRequest, res: Resolution, session: Session, weight: int) -> None:
         core, renderer = self.core, self.core.renderer
         parser_name = "none" if (req.tool_choice == "none" or not req.tools) else core.settings.tool_parser
         parser = get_tool_parser(parser_name)
@@ -210,10 +222,7 @@ class Turn:
         await core.fleet.require_engine_info(limit_worker)
         limit = core.settings.max_prompt_tokens or limit_worker.capacity.max_req_input_len
         try:
-            if large:
-                ids = await core.offload.run(self._prompt_ids, req, res, forced, limit, key=req.scope)
-            else:
-                ids = self._prompt_ids(req, res, forced, limit)
+            ids = await core.offload.prepare(self._prompt_ids, req, res, forced, limit, key=req.scope, weight=weight)
         except TooManyTokens as exc:
             raise _too_long(f"at least {exc.at_least}", limit) from None
         if limit and len(ids) > limit:
@@ -244,6 +253,7 @@ class Turn:
         then the forced tool-call prefix; TooManyTokens past ``limit`` (0: none), known before
         tokenizing where the text's length alone tells (``TokenCodec.check_fits``)."""
         renderer = self.core.renderer
+        res.fill_keys(req.messages)  # the new messages' keys, of their size too
         if res.base is not None:
             new = req.messages[res.new_messages_from :]
             room = max(limit - len(res.base.token_ids), 1) if limit else 0
@@ -301,6 +311,42 @@ class Turn:
 
 
 COUNT_TOKENS_LIMIT = 1 << 18  # count_tokens' limit while no worker has told its own
+SURELY_TOO_LONG_CHARS_PER_TOKEN = 8  # a request with more text than this per allowed token is counted before it is hashed
+COUNTED_STRING_CHARS = 16 * 1024  # the strings it is counted by: those at least this long
+
+
+def _count_rendered_strings(codec, req: TurnRequest, limit: int) -> None:
+    """TooManyTokens if the long strings every chat template writes whole (tool results', users' and
+    system text, tool calls, tool definitions, template variables; not assistant text, whose
+    reasoning a template may drop) have more than ``limit`` tokens as plain text, less CUT_SLACK
+    at either end of each (where they meet the template's text). Counting stops past the limit."""
+    strings: list[str] = []
+    _long_strings([m for m in req.messages if m.get("role") != "assistant"], strings, content_only=True)
+    _long_strings([m.get("tool_calls") for m in req.messages if m.get("role") == "assistant"], strings)
+    _long_strings([req.tools, req.template_kwargs], strings)
+    counted = 0
+    for text in sorted(strings, key=len, reverse=True):
+        room = limit - counted + 2 * CUT_SLACK
+        try:
+            counted += len(codec.encode_as_text(text, room)) - 2 * CUT_SLACK
+        except TooManyTokens as exc:
+            raise TooManyTokens(counted + exc.at_least - 2 * CUT_SLACK, limit) from None
+        if counted > limit:
+            raise TooManyTokens(counted, limit)
+
+
+def _long_strings(value: Any, out: list[str], content_only: bool = False) -> None:
+    """The strings of at least COUNTED_STRING_CHARS in ``value`` (of each message only its content)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if len(item) >= COUNTED_STRING_CHARS:
+                out.append(item)
+        elif isinstance(item, dict):
+            stack.extend([item.get("content")] if content_only else item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
 
 def _text_chars(req: TurnRequest, messages: list[dict] | None = None) -> int:
     """What preparing a request costs, all fields counted (``sidecar.turn.offload.request_weight``);
