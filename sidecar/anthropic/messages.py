@@ -9,6 +9,7 @@ sub-agents and its side calls, which are separate conversations that implicit re
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from aiohttp import web
@@ -16,6 +17,7 @@ from aiohttp import web
 from sidecar.anthropic import shapes
 from sidecar.anthropic.schema import CountTokensRequest, MessagesRequest, parse_count_tokens_request, parse_messages_request
 from sidecar.frontdoor.blocks import ReplyBlocks
+from sidecar.frontdoor.request_model import RequestBody
 from sidecar.frontdoor.session_id import explicit_session_id
 from sidecar.frontdoor.stream import serve_turn
 from sidecar.turn.core import Turn, TurnCore
@@ -42,13 +44,17 @@ def turn_request(req: CountTokensRequest, session_id: str | None, scope: str) ->
     return turn
 
 
-async def handle(request: web.Request, body: Any, core: TurnCore, scope: str) -> web.StreamResponse:
-    """POST /v1/messages with its body already read and parsed (strict JSON)."""
-    req = parse_messages_request(body, core.settings)
-    await core.check_model(req.model)
-    parsed: list[Any] = [req, turn_request(req, explicit_session_id(request), scope)]
-    stream = req.stream
-    del req
+def _converted(request: web.Request, scope: str, req: MessagesRequest) -> tuple[TurnRequest, bool]:
+    return turn_request(req, explicit_session_id(request), scope), req.stream
+
+
+async def handle(request: web.Request, body: RequestBody, core: TurnCore, scope: str) -> web.StreamResponse:
+    """POST /v1/messages with its body read (parsed and converted where its size says)."""
+    asked, converted = await body.parse(parse_messages_request, core.settings, convert=functools.partial(_converted, request, scope))
+    await core.check_model(asked)
+    turn, stream = converted.value()
+    parsed: list[Any] = [turn]
+    del turn, converted
     model = core.model_name
     return await serve_turn(
         request, core, parsed, stream, lambda turn: shapes.MessageStream(turn, model), lambda turn: full_reply(turn, model)
@@ -63,8 +69,8 @@ async def full_reply(turn: Turn, model: str) -> web.Response:
     return web.json_response(shapes.message(shapes.message_id(), model, content, turn.result))
 
 
-async def count_tokens(request: web.Request, body: Any, core: TurnCore, scope: str) -> web.Response:
+async def count_tokens(request: web.Request, body: RequestBody, core: TurnCore, scope: str) -> web.Response:
     """POST /v1/messages/count_tokens: the prompt's tokens rendered whole, as a new session sends it."""
-    req = parse_count_tokens_request(body, core.settings)
-    await core.check_model(req.model)
-    return web.json_response({"input_tokens": await core.count_tokens(turn_request(req, None, scope))})
+    asked, converted = await body.parse(parse_count_tokens_request, core.settings, convert=lambda req: turn_request(req, None, scope))
+    await core.check_model(asked)
+    return web.json_response({"input_tokens": await core.count_tokens(converted.value())})

@@ -31,6 +31,23 @@ _BASE = 0x100000  # placeholder of control token i: _PREFIX + chr(_BASE + i)
 _LITERAL = chr(0x10FFFC)  # the client's own _PREFIX: _PREFIX + _LITERAL
 REASONING_MARKERS = ("<think>", "</think>")
 _REPLY_TEXT = ("content", "reasoning_content")  # where an assistant message keeps its reasoning markers
+WINDOW = 1 << 18  # characters one regex step scans: other threads (the event loop) run between steps
+_NEVER = re.compile(r"(?!)")
+
+
+def _matches(pattern: re.Pattern, text: str, width: int):
+    """``pattern.finditer(text)``, scanned WINDOW characters at a time (``width``: its longest
+    match). One search over a 12 MB string held the GIL for 80-400 ms, stalling the event loop
+    while a pool thread escaped a large request."""
+    pos, n = 0, len(text)
+    while pos < n:
+        end = min(n, pos + WINDOW)
+        match = pattern.search(text, pos, min(n, end + width - 1))
+        if match is None or match.start() >= end:  # one starting past the window: the next window's
+            pos = end
+            continue
+        yield match
+        pos = match.end()
 
 
 class ControlText:
@@ -47,6 +64,10 @@ class ControlText:
         self._client = re.compile("|".join(map(re.escape, [*ordered, _PREFIX])))
         in_reply = [t for t in ordered if t not in REASONING_MARKERS]
         self._client_in_reply = re.compile("|".join(map(re.escape, [*in_reply, _PREFIX])))
+        # the same without the prefix, for a string that holds none (nearly all): 4-20x faster
+        plain_in_reply = re.compile("|".join(map(re.escape, in_reply))) if in_reply else _NEVER
+        self._plain = {self._client: self._markers or _NEVER, self._client_in_reply: plain_in_reply}
+        self._width = max(map(len, [*ordered, _PREFIX]))
         self._restore_re = re.compile(re.escape(_PREFIX) + "(.)?", re.DOTALL)
 
     @property
@@ -85,7 +106,7 @@ class ControlText:
     def _escape(self, value: Any, regex: re.Pattern) -> Any:
         """``value`` itself if none of its strings matches ``regex``, else an escaped copy."""
         if isinstance(value, str):
-            return regex.sub(lambda mt: self._place[mt.group()], value) if regex.search(value) else value
+            return self._escaped_text(value, regex)
         if isinstance(value, dict):
             out = None
             for i, (key, item) in enumerate(value.items()):
@@ -99,6 +120,18 @@ class ControlText:
             items = [self._escape(item, regex) for item in value]
             return value if all(a is b for a, b in zip(items, value)) else type(value)(items)
         return value
+
+    def _escaped_text(self, value: str, regex: re.Pattern) -> str:
+        """``regex.sub`` of each match by its placeholder, found window by window (``_matches``)."""
+        out: list[str] = []
+        start = 0
+        for match in _matches(regex if _PREFIX in value else self._plain[regex], value, self._width):
+            out += (value[start : match.start()], self._place[match.group()])
+            start = match.end()
+        if not out:
+            return value
+        out.append(value[start:])
+        return "".join(out)
 
     def encode(self, text: str, encode_as_text: Callable[[str, int], list[int]], limit: int = 0) -> list[int]:
         """Ids of a rendering of escaped strings: the markers left in ``text`` (the template's own)
@@ -118,7 +151,7 @@ class ControlText:
                 raise TooManyTokens(exc.at_least + len(ids), limit) from None
 
         start = 0
-        for match in self._markers.finditer(text):
+        for match in _matches(self._markers, text, self._width):
             ids += piece(text[start : match.start()])
             ids.append(self.ids[match.group()])
             start = match.end()

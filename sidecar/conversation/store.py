@@ -142,6 +142,11 @@ class Resolution:
     keys: tuple[MessageKey, ...] = ()  # of the request's messages: base's own, then the new ones'
     new_text_bytes: int = 0  # text of the messages not covered by base
 
+    def fill_keys(self, messages: list[dict[str, Any]]) -> None:
+        """The keys of the request's new messages, made where the caller runs this (off the event
+        loop for a large request) when it resolved with ``keys=False``."""
+        self.keys, self.new_text_bytes = _keys(self.base, messages)
+
     def next_state(self, reply: dict[str, Any], token_ids, end_id: int | None) -> TurnState:
         """The turn state of this request's finished reply (``reply_message``): its fingerprint and
         keys extend the request's, so only the reply is hashed."""
@@ -224,10 +229,12 @@ class SessionStore:
         return session, is_new
 
     def resolve(
-        self, messages: list[dict[str, Any]], explicit_id: str | None, scope: str = "", prints: list[bytes] | None = None
+        self, messages: list[dict[str, Any]], explicit_id: str | None, scope: str = "", prints: list[bytes] | None = None,
+        keys: bool = True,
     ) -> Resolution:
         """The session and turn a request continues; ``prints`` are its messages' fingerprints
-        when the caller already has them (computed off the event loop for a large request)."""
+        when the caller already has them (computed off the event loop for a large request);
+        ``keys=False``: the new messages' keys are left to :meth:`Resolution.fill_keys`."""
         prints = fingerprints(messages) if prints is None else prints
         if explicit_id is not None:
             session, is_new = self.open(explicit_id, scope)
@@ -250,8 +257,10 @@ class SessionStore:
                 self._sessions.move_to_end(session.id)
             else:
                 session, _ = self.open(f"sess-{uuid.uuid4().hex}", scope, explicit=False)
-        keys, new_text = _keys(base, messages)
-        return Resolution(session, base, base.n_messages if base else 0, is_new, prints[-1] if prints else b"", keys, new_text)
+        res = Resolution(session, base, base.n_messages if base else 0, is_new, prints[-1] if prints else b"")
+        if keys:
+            res.fill_keys(messages)
+        return res
 
     def known_turn(self, messages: list[dict[str, Any]], explicit_id: str | None, scope: str = "") -> TurnState | None:
         """The longest stored turn that ``messages`` continue, found by comparing them with stored
@@ -300,7 +309,8 @@ class SessionStore:
         return None
 
     def continue_turn(
-        self, messages: list[dict[str, Any]], explicit_id: str | None, scope: str, base: TurnState, fingerprint: bytes
+        self, messages: list[dict[str, Any]], explicit_id: str | None, scope: str, base: TurnState, fingerprint: bytes,
+        keys: bool = True,
     ) -> Resolution | None:
         """The resolution of a request that continues ``base`` (from :meth:`known_turn`), whose
         whole fingerprint the caller extended from ``base.fingerprint`` over the new messages;
@@ -310,8 +320,10 @@ class SessionStore:
         if session is None or session.turns.get(base.fingerprint) is not base:
             return None
         self._sessions.move_to_end(session.id)
-        keys, new_text = _keys(base, messages)
-        return Resolution(session, base, base.n_messages, False, fingerprint, keys, new_text)
+        res = Resolution(session, base, base.n_messages, False, fingerprint)
+        if keys:
+            res.fill_keys(messages)
+        return res
 
     @staticmethod
     def _longest_match(messages, prints, lookup) -> TurnState | None:

@@ -1,26 +1,72 @@
 """A request body into a front door's pydantic model, every failure one 400 in the door's words.
 
-The body arrives parsed: ``sidecar.server.request_body`` read it within its limits as strict JSON (no
-duplicate keys, no NaN/Infinity). Here its lists are counted (messages, tools, content parts)
-before anything is validated, and it is validated in strict mode: no coercion of strings or
-booleans into numbers (``max_tokens`` is an integer, not ``true`` or ``"5"``)."""
+The body arrives read (:class:`RequestBody`): ``sidecar.server.request_body`` took it within its
+limits; its strict JSON (no duplicate keys, no NaN/Infinity) is parsed in the same step as the
+door validates it, inline or on the fair pool as the body's weight says. Here its lists are
+counted (messages, tools, content parts) before anything is validated, and it is validated in
+strict mode: no coercion of strings or booleans into numbers (``max_tokens`` is an integer, not
+``true`` or ``"5"``)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, TypeVar
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Iterable, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from sidecar.errors import invalid_request
+from sidecar.errors import APIError, invalid_request
+from sidecar.turn.offload import Prepare
 from sidecar.turn.request import check_counts as check_turn_counts
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 # What a tool name may be: it is written into the prompt and into the forced tool-call prefix.
 TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
 # SGLang's ranges (SamplingParams.verify), for every door that passes these values on
 TOP_K_ALL = 1 << 30  # SGLang's "whole vocabulary"; top_k is an int32 on the GPU
 MAX_STOP_COUNT = 32  # stop strings per request
+
+
+@dataclass(frozen=True)
+class RequestBody:
+    """A request's body, read within its limits but not parsed yet, and where its steps run.
+
+    :meth:`parse` parses its JSON (``decode``: a 400 unless strict), validates it and converts it
+    into what the door serves, in one step: inline while the body is light, else on the pool in its
+    key's turn (``sidecar.turn.offload``, ``prepare``). A body of megabytes never holds the loop,
+    and its validated model (objects the garbage collector would walk while the request waits for
+    its tokens) is gone before the step ends."""
+
+    decode: Callable[[], Any]
+    prepare: Prepare
+
+    async def parse(self, parser: Callable[..., M], *args, convert: Callable[[M], T]) -> tuple[str | None, Converted[T]]:
+        """``parser(json, *args)``, then ``convert`` of it: the validated body's ``model`` and its
+        conversion, a 400 of which is raised only by :meth:`Converted.value` (after the door
+        checked the model name, as the door always has: the order of errors a client sees stays)."""
+        return await self.prepare(_parsed, self.decode, parser, args, convert)
+
+
+@dataclass(frozen=True)
+class Converted(Generic[T]):
+    """A validated body's conversion, or the APIError it raised."""
+
+    result: T | None
+    error: APIError | None
+
+    def value(self) -> T:
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def _parsed(decode: Callable[[], Any], parser: Callable[..., M], args: tuple, convert: Callable[[M], T]) -> tuple[str | None, Converted[T]]:
+    validated = parser(decode(), *args)
+    try:
+        return validated.model, Converted(convert(validated), None)
+    except APIError as exc:
+        return validated.model, Converted(None, exc.with_traceback(None))
 
 
 def check_counts(body: Any, limits, messages: str = "messages", parts: str = "content") -> None:

@@ -7,12 +7,14 @@ same for every front door.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
 from aiohttp import web
 
 from sidecar.errors import APIError
+from sidecar.frontdoor.request_model import RequestBody
 from sidecar.frontdoor.session_id import explicit_session_id
 from sidecar.frontdoor.stream import serve_turn
 from sidecar.generation.tool_parsers import Event
@@ -51,16 +53,21 @@ def turn_request(req: ChatCompletionRequest, session_id: str | None, scope: str)
     )
 
 
-async def handle(request: web.Request, body: Any, core: TurnCore, scope: str) -> web.StreamResponse:
-    """POST /v1/chat/completions with its body already read and parsed (strict JSON)."""
-    req = parse_chat_request(body, core.settings)
-    await core.check_model(req.model)
+def _converted(request: web.Request, scope: str, req: ChatCompletionRequest) -> tuple[TurnRequest, bool, bool]:
+    """The turn, whether to stream, whether to add usage: all the door keeps of the request."""
     # an explicit session id: header X-Session-Id, else body session_id, else user ("" is none)
     session_id = explicit_session_id(request, req.session_id, req.user)
-    stream = req.stream
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    parsed: list[Any] = [req, turn_request(req, session_id, scope)]
-    del req
+    return turn_request(req, session_id, scope), req.stream, include_usage
+
+
+async def handle(request: web.Request, body: RequestBody, core: TurnCore, scope: str) -> web.StreamResponse:
+    """POST /v1/chat/completions with its body read (parsed and converted where its size says)."""
+    asked, converted = await body.parse(parse_chat_request, core.settings, convert=functools.partial(_converted, request, scope))
+    await core.check_model(asked)
+    turn, stream, include_usage = converted.value()
+    parsed: list[Any] = [turn]
+    del turn, converted
     model = core.model_name
     return await serve_turn(
         request, core, parsed, stream, lambda turn: ChatStream(turn, model, include_usage), lambda turn: full_reply(turn, model)

@@ -7,11 +7,13 @@ same for every front door. The explicit session id is the ``X-Session-Id`` heade
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from aiohttp import web
 
 from sidecar.frontdoor.blocks import ReplyBlocks
+from sidecar.frontdoor.request_model import RequestBody
 from sidecar.frontdoor.session_id import explicit_session_id
 from sidecar.frontdoor.stream import serve_turn
 from sidecar.responses import shapes
@@ -52,14 +54,20 @@ def echo(req: ResponsesRequest) -> dict[str, Any]:
     }
 
 
-async def handle(request: web.Request, body: Any, core: TurnCore, scope: str) -> web.StreamResponse:
-    """POST /v1/responses with its body already read and parsed (strict JSON)."""
-    req = parse_responses_request(body, core.settings)
-    await core.check_model(req.model)
-    head = shapes.ResponseHead(core.model_name, echo(req), req.namespaces())
-    parsed: list[Any] = [req, turn_request(req, explicit_session_id(request), scope)]
-    stream = req.stream
-    del req
+def _converted(request: web.Request, scope: str, req: ResponsesRequest) -> tuple[dict[str, Any], dict[str, str], TurnRequest, bool]:
+    """What a response repeats of the request, its namespaces, its turn, whether to stream."""
+    echoed, namespaces = echo(req), req.namespaces()
+    return echoed, namespaces, turn_request(req, explicit_session_id(request), scope), req.stream
+
+
+async def handle(request: web.Request, body: RequestBody, core: TurnCore, scope: str) -> web.StreamResponse:
+    """POST /v1/responses with its body read (parsed and converted where its size says)."""
+    asked, converted = await body.parse(parse_responses_request, core.settings, convert=functools.partial(_converted, request, scope))
+    await core.check_model(asked)
+    echoed, namespaces, turn, stream = converted.value()
+    head = shapes.ResponseHead(core.model_name, echoed, namespaces)
+    parsed: list[Any] = [turn]
+    del turn, converted
     return await serve_turn(request, core, parsed, stream, lambda turn: shapes.ResponseStream(turn, head), lambda turn: full_reply(turn, head))
 
 

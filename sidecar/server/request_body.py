@@ -8,6 +8,11 @@ the size limit (413) nor hold the event loop, and corrupt data is a 400; the bod
 within ``body_timeout`` and at ``body_min_rate`` on average (408, and the connection is closed);
 and its JSON must be strict (no duplicate keys, no NaN/Infinity) and hold at most
 ``max_json_values`` values, counted before it is parsed.
+
+Reading is the event loop's (in bounded steps); parsing is not always: a body is handed on as
+:class:`JsonText` (its pieces, the values of its first bytes counted on the way), whose weight
+decides whether it is parsed inline or on the fair pool (``sidecar.turn.offload``), together with
+the door's validation of it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import jiter
 from aiohttp import web
 
 from sidecar.errors import APIError, body_too_large, invalid_json, invalid_request
+from sidecar.turn.offload import ITEM_WEIGHT, OFFLOAD_CHARS, Offload
 
 MIN_RATE_GRACE_S = 5.0  # a body's average rate is held to body_min_rate from this second on
 DECODE_STEP_BYTES = 256 * 1024  # decoded output per step; the loop runs other work between steps
@@ -35,8 +41,8 @@ class BodyLimits:
     timeout_s: float
     min_rate: float  # bytes/s, averaged, from MIN_RATE_GRACE_S on (0: off)
     max_json_values: int
-    # one large body's step (a piece counted or decoded, the parse) at a time on the event loop:
-    # fifty megabyte uploads then queue behind each other, not in front of every agent's request
+    # one large body's step (a piece taken or decoded) at a time on the event loop: fifty
+    # megabyte uploads then queue behind each other, not in front of every agent's request
     bulk: asyncio.Semaphore | None = None
 
     @classmethod
@@ -100,13 +106,48 @@ class _Decoder:
             raise invalid_request(f"request body ends inside its {self.coding} stream (truncated)")
 
 
+@dataclass
+class JsonText:
+    """A body read and decoded, not parsed yet: its pieces, its size, and 1 + the commas and
+    opening brackets of its first OFFLOAD_CHARS bytes (of all of a small body: its values at most)."""
+
+    pieces: list[bytes]
+    size: int
+    values: int
+
+    @property
+    def weight(self) -> int:
+        """What parsing and validating it costs, in the units of ``sidecar.turn.offload.request_weight``
+        (a body past OFFLOAD_CHARS weighs that much by its size alone)."""
+        return self.size + ITEM_WEIGHT * self.values
+
+    def parse(self, max_json_values: int) -> Any:
+        """The strict JSON (400 otherwise; more than ``max_json_values`` values: 400 before it is
+        built). Size-proportional: run it where :attr:`weight` says. The pieces are let go."""
+        raw = self.pieces[0] if len(self.pieces) == 1 else b"".join(self.pieces)
+        self.pieces = []
+        # values are at most (bytes + 1) / 2, and at most the commas + opening brackets + 1: a body
+        # under the limit by either count (nearly all) is parsed at once, others are counted exactly
+        # first, so that countless tiny values are refused unbuilt
+        if len(raw) > 2 * max_json_values and _rough_values(raw) > max_json_values:
+            if count_json_values(raw) > max_json_values:
+                raise invalid_request(f"request body holds more than {max_json_values} JSON values")
+        return parse_strict_json(raw)
+
+
+def _rough_values(raw: bytes) -> int:
+    """1 + the commas and opening brackets of ``raw``, a slice at a time (each count holds the GIL)."""
+    return 1 + sum(_openings(raw, at, at + _SCAN_CHUNK) for at in range(0, len(raw), _SCAN_CHUNK))
+
+
 async def read_body(request: web.Request, limits: BodyLimits) -> bytes:
     """The decoded body within ``limits`` (413 / 408 / 415 / 400 as the module says)."""
-    return (await _read(request, limits))[0]
+    pieces = (await _read(request, limits)).pieces
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
-async def _read(request: web.Request, limits: BodyLimits) -> tuple[bytes, int]:
-    """The decoded body and an upper bound on its JSON values (counted as its pieces came)."""
+async def _read(request: web.Request, limits: BodyLimits) -> JsonText:
+    """The decoded body, not parsed (its values counted only as far as its weight needs them)."""
     if request.content_length is not None and request.content_length > limits.max_bytes:
         raise body_too_large(f"{request.content_length} bytes, the limit is {limits.max_bytes}")
     decoder = _Decoder(request.headers.get("Content-Encoding", ""))
@@ -115,10 +156,9 @@ async def _read(request: web.Request, limits: BodyLimits) -> tuple[bytes, int]:
     final = start + limits.timeout_s
     received = decoded = 0
     pieces: list[bytes] = []
-    # an upper bound on the JSON values: commas + opening brackets + 1, counted as pieces come,
-    # only once the body is past what its size alone clears ((bytes + 1) / 2 values at most)
+    # its first OFFLOAD_CHARS bytes' commas + opening brackets: with the size they weigh a small
+    # body (a larger one weighs enough by its size; its values are counted where it is parsed)
     rough = 1
-    counting = not decoder.identity or (request.content_length or limits.max_bytes) > 2 * limits.max_json_values
     gate = _bulk_gate(request, decoder, limits)
     try:
         async with asyncio.timeout_at(_loop_deadline(start, final, 0, limits)) as window:
@@ -132,17 +172,17 @@ async def _read(request: web.Request, limits: BodyLimits) -> tuple[bytes, int]:
                 async with gate:
                     if decoder.identity:
                         pieces.append(chunk)
+                        if decoded < OFFLOAD_CHARS:
+                            rough += _openings(chunk, 0, OFFLOAD_CHARS - decoded)
                         decoded = received
-                        if counting:
-                            rough += _openings(chunk)
                     else:
                         for out in decoder.steps(chunk):
+                            if decoded < OFFLOAD_CHARS:
+                                rough += _openings(out, 0, OFFLOAD_CHARS - decoded)
                             decoded += len(out)
                             if decoded > limits.max_bytes:
                                 raise body_too_large(f"more than {limits.max_bytes} bytes once decoded ({decoder.coding})")
                             pieces.append(out)
-                            if counting:
-                                rough += _openings(out)
                             await asyncio.sleep(0)
                 window.reschedule(_loop_deadline(start, final, received, limits))
     except TimeoutError:
@@ -152,7 +192,7 @@ async def _read(request: web.Request, limits: BodyLimits) -> tuple[bytes, int]:
             f"{limits.timeout_s:g} s, {limits.min_rate:g} bytes/s)"
         ) from None
     decoder.finish()
-    return (pieces[0] if len(pieces) == 1 else b"".join(pieces)), rough
+    return JsonText(pieces, decoded, rough)
 
 
 def _bulk_gate(request: web.Request, decoder: _Decoder, limits: BodyLimits):
@@ -160,8 +200,8 @@ def _bulk_gate(request: web.Request, decoder: _Decoder, limits: BodyLimits):
     return limits.bulk if large and limits.bulk is not None else contextlib.nullcontext()
 
 
-def _openings(data: bytes) -> int:
-    return data.count(b",") + data.count(b"{") + data.count(b"[")
+def _openings(data: bytes, start: int, end: int) -> int:
+    return data.count(b",", start, end) + data.count(b"{", start, end) + data.count(b"[", start, end)
 
 
 def _loop_deadline(start: float, final: float, received: int, limits: BodyLimits) -> float:
@@ -172,22 +212,21 @@ def _loop_deadline(start: float, final: float, received: int, limits: BodyLimits
     return min(final, start + max(MIN_RATE_GRACE_S, received / limits.min_rate))
 
 
-async def read_json_body(request: web.Request, limits: BodyLimits) -> Any:
-    """The body as strict JSON (any JSON value): declared JSON, within ``limits``, at most
-    ``max_json_values`` values, no duplicate keys, no NaN/Infinity; else the error the module says."""
+async def read_json_text(request: web.Request, limits: BodyLimits) -> JsonText:
+    """The body, declared JSON and within ``limits``, read but not parsed (:meth:`JsonText.parse`)."""
     check_json_media_type(request)
-    raw, rough_values = await _read(request, limits)
-    gate = limits.bulk if len(raw) > LARGE_BODY_BYTES and limits.bulk is not None else contextlib.nullcontext()
-    # Values are at most (bytes + 1) / 2, and at most the commas + opening brackets + 1 (counted
-    # while reading, for bodies that size alone does not clear); a body under the limit by either
-    # count (nearly all) is parsed at once, others are counted exactly first (in a thread: numpy
-    # releases the GIL), so that countless tiny values are refused unbuilt.
-    if rough_values > limits.max_json_values:
-        values = await asyncio.get_running_loop().run_in_executor(None, count_json_values, raw)
-        if values > limits.max_json_values:
-            raise invalid_request(f"request body holds more than {limits.max_json_values} JSON values")
-    async with gate:
-        return parse_strict_json(raw)
+    return await _read(request, limits)
+
+
+async def read_json_body(request: web.Request, limits: BodyLimits, offload: Offload | None = None, key: str = "") -> Any:
+    """The body as strict JSON (any JSON value): declared JSON, within ``limits``, at most
+    ``max_json_values`` values, no duplicate keys, no NaN/Infinity; else the error the module says.
+    Parsed where ``offload`` puts work of the body's weight (on its pool in ``key``'s turn when
+    large); inline without one."""
+    text = await read_json_text(request, limits)
+    if offload is None:
+        return text.parse(limits.max_json_values)
+    return await offload.prepare(text.parse, limits.max_json_values, key=key, weight=text.weight)
 
 
 def parse_strict_json(raw: bytes) -> Any:

@@ -4,6 +4,7 @@ store, the workers); none decides anything itself. They read the app's keys thro
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Awaitable, Callable
 
@@ -15,26 +16,37 @@ from sidecar.errors import APIError
 from sidecar.openai import chat_completions as openai_chat
 from sidecar.responses import responses as openai_responses
 from sidecar.server import keys
-from sidecar.server.request_body import BodyLimits, read_json_body
+from sidecar.frontdoor.request_model import RequestBody
+from sidecar.server.request_body import BodyLimits, read_json_body, read_json_text
 from sidecar.server.auth import request_scope
 from sidecar.turn.core import TurnCore
+from sidecar.turn.offload import Prepare
 
-Door = Callable[[web.Request, Any, TurnCore, str], Awaitable[web.StreamResponse]]
+Door = Callable[[web.Request, RequestBody, TurnCore, str], Awaitable[web.StreamResponse]]
+
+
+def _limits(request: web.Request) -> BodyLimits:
+    config = request.config_dict
+    return BodyLimits.of(config[keys.SETTINGS].server, config[keys.BULK_BODIES])
 
 
 async def read_json(request: web.Request) -> Any:
-    """The body as strict JSON within the configured limits (``sidecar.server.request_body``)."""
-    config = request.config_dict
-    return await read_json_body(request, BodyLimits.of(config[keys.SETTINGS].server, config[keys.BULK_BODIES]))
+    """The body as strict JSON within the configured limits (``sidecar.server.request_body``),
+    parsed on the pool when it is large."""
+    return await read_json_body(request, _limits(request), request.config_dict[keys.TURNS].offload, request_scope(request) or "")
 
 
 def door_route(door: Door) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """The route of a front door's handler: the body read (``read_json``), the turn core and the
-    key's scope handed to ``door``."""
+    """The route of a front door's handler: the body read but not parsed (a RequestBody whose
+    steps run inline or on the pool as its bytes and values weigh), the turn core and the key's
+    scope handed to ``door``."""
 
     async def route(request: web.Request) -> web.StreamResponse:
-        body = await read_json(request)
-        return await door(request, body, request.config_dict[keys.TURNS], request_scope(request) or "")
+        limits = _limits(request)
+        text = await read_json_text(request, limits)
+        core, scope = request.config_dict[keys.TURNS], request_scope(request) or ""
+        body = RequestBody(functools.partial(text.parse, limits.max_json_values), Prepare(core.offload, scope, text.weight))
+        return await door(request, body, core, scope)
 
     return route
 

@@ -27,9 +27,15 @@ from sidecar.metrics import SidecarMetrics
 from sidecar.policy import AdmissionRejected, SessionPolicy, build_policy
 from sidecar.settings import ServerSettings, SidecarSettings
 from sidecar.turn.cache_namespace import CacheNamespace, visible_cached
-from sidecar.turn.offload import OFFLOAD_CHARS, Offload, request_weight
+from sidecar.turn.offload import Offload, request_weight
 from sidecar.turn.policy_calls import turn_finished, turn_started
-from sidecar.turn.prompt import prompt_ids, too_long
+from sidecar.turn.prompt import (
+    COUNT_TOKENS_LIMIT,
+    SURELY_TOO_LONG_CHARS_PER_TOKEN,
+    count_rendered_strings,
+    prompt_ids,
+    too_long,
+)
 from sidecar.turn.request import TurnRequest, check_counts
 from sidecar.turn.tenants import RateLimits, too_many
 
@@ -88,20 +94,33 @@ class TurnCore:
             raise invalid_request(f"stop_token_ids must be token ids in [0, {vocab})", param="stop_token_ids")
         self.renderer.check_template_kwargs(request.template_kwargs)
 
+    async def refuse_surely_too_long(self, request: TurnRequest) -> None:
+        """A request whose text is many times what the prompt limit can hold is counted first, its
+        long strings as plain text (on the pool, bounded by the limit): past the limit it is refused
+        before it is hashed or rendered, work (one JSON encoding of a 12 MB tool argument) that
+        holds the GIL and so the event loop for tens of milliseconds at a time."""
+        limit = self.settings.max_prompt_tokens or max((w.capacity.max_req_input_len for w in self.workers), default=0)
+        enough = SURELY_TOO_LONG_CHARS_PER_TOKEN * limit
+        if not limit or request_weight(request.messages, request.tools, request.template_kwargs, enough + 1) <= enough:
+            return
+        try:
+            await self.offload.run(count_rendered_strings, self.renderer.codec, request, limit, key=request.scope, weight=enough)
+        except TooManyTokens as exc:
+            raise _too_long(f"at least {exc.at_least}", limit) from None
+
     async def count_tokens(self, request: TurnRequest) -> int:
         """The request's prompt in tokens, rendered whole (what a new session would send): the
         key's request rate and the checks of a turn hold, and a large prompt is rendered and
         tokenized on the worker thread (503 tokenizer_busy past its deadline), as a turn's is."""
         self.rate_limits.take(request.scope)
         self.check(request)
+        await self.refuse_surely_too_long(request)
         render = self.renderer.render_full
         limit = self.settings.max_prompt_tokens or self.workers.first().capacity.max_req_input_len or COUNT_TOKENS_LIMIT
         args = (request.messages, request.tools, request.template_kwargs, limit)
         weight = _text_chars(request)
         try:
-            if weight >= OFFLOAD_CHARS:
-                return len(await self.offload.run(render, *args, key=request.scope, weight=weight))
-            return len(render(*args))
+            return len(await self.offload.prepare(render, *args, key=request.scope, weight=weight))
         except TooManyTokens as exc:  # counted ahead: no text is tokenized past the limit
             raise too_long(f"at least {exc.at_least}", limit) from None
 
@@ -164,17 +183,17 @@ class Turn:
         core.rate_limits.take(req.scope)
         core.check(req)
         explicit = check_session_id(req.session_id) if req.session_id is not None else None
+        await core.refuse_surely_too_long(req)
         res = self.resolution = await self._resolve(req, explicit)
         # megabytes of text are hashed, rendered and tokenized off the event loop (sidecar.turn.offload);
         # a continuing turn renders and tokenizes only its new messages, so only they count
         weight = _text_chars(req, req.messages[res.new_messages_from :])
-        large = weight >= OFFLOAD_CHARS
         logs.bind_session(res.session.public_id)
         self._n_messages = len(req.messages)
         session = res.session
         session.inflight += 1
         try:
-            await self._prepare(req, res, session, large)
+            await self._prepare(req, res, session, weight)
         except BaseException:
             self._release()
             raise
@@ -190,16 +209,15 @@ class Turn:
         if base is not None:
             new = messages[base.n_messages :]
             weight = _text_chars(req, new)
-            fp = (await core.offload.run(chain_fingerprint, base.fingerprint, new, key=req.scope, weight=weight)
-                  if weight >= OFFLOAD_CHARS else chain_fingerprint(base.fingerprint, new))
-            res = core.sessions.continue_turn(messages, explicit, req.scope, base, fp)
+            fp = await core.offload.prepare(chain_fingerprint, base.fingerprint, new, key=req.scope, weight=weight)
+            res = core.sessions.continue_turn(messages, explicit, req.scope, base, fp, keys=False)
             if res is not None:
                 return res
         weight = _text_chars(req)
-        prints = await core.offload.run(fingerprints, messages, key=req.scope, weight=weight) if weight >= OFFLOAD_CHARS else None
-        return core.sessions.resolve(messages, explicit, req.scope, prints)
+        prints = await core.offload.prepare(fingerprints, messages, key=req.scope, weight=weight)
+        return core.sessions.resolve(messages, explicit, req.scope, prints, keys=False)  # keys: with the prompt ids
 
-    async def _prepare(self, req: TurnRequest, res: Resolution, session: Session, large: bool) -> None:
+    async def _prepare(self, req: TurnRequest, res: Resolution, session: Session, weight: int) -> None:
         core, renderer = self.core, self.core.renderer
         parser_name = "none" if (req.tool_choice == "none" or not req.tools) else core.settings.tool_parser
         parser = get_tool_parser(parser_name)
@@ -211,10 +229,7 @@ class Turn:
         await core.fleet.require_engine_info(limit_worker)
         limit = core.settings.max_prompt_tokens or limit_worker.capacity.max_req_input_len
         try:
-            if large:
-                ids = await core.offload.run(prompt_ids, renderer, req, res, forced, limit, key=req.scope)
-            else:
-                ids = prompt_ids(renderer, req, res, forced, limit)
+            ids = await core.offload.prepare(prompt_ids, renderer, req, res, forced, limit, key=req.scope, weight=weight)
         except TooManyTokens as exc:
             raise too_long(f"at least {exc.at_least}", limit) from None
         if limit and len(ids) > limit:
@@ -282,8 +297,6 @@ class Turn:
         if not session.turns and not session.inflight and not session.explicit:
             self.core.sessions.forget(session, "failed")  # a first request that failed leaves nothing behind
 
-
-COUNT_TOKENS_LIMIT = 1 << 18  # count_tokens' limit while no worker has told its own
 
 def _text_chars(req: TurnRequest, messages: list[dict] | None = None) -> int:
     """What preparing a request costs, all fields counted (``sidecar.turn.offload.request_weight``);

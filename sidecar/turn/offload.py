@@ -1,9 +1,13 @@
 """Heavy per-request work off the event loop: a small pool of threads, fair across keys.
 
-Rendering, hashing and tokenizing a prompt of megabytes takes from tens of milliseconds to
-seconds; on the event loop it would stall every stream and /health. A request whose text, all
-fields counted (:func:`request_weight`), is large hands that work to the pool instead (the
-tokenizers library and hashlib release the GIL while they run), so the loop keeps serving.
+Parsing, validating, converting, hashing, rendering and tokenizing a request of megabytes takes
+from tens of milliseconds to seconds; on the event loop it would stall every stream and /health.
+Each such step of a request asks :meth:`Offload.prepare` where it runs: on the loop only while it
+is light (its weight, all fields counted: :func:`request_weight`, or a body's bytes and values)
+and the requests served in the same turn of the loop have not spent :data:`INLINE_BUDGET` yet (ten
+light bodies arriving at once would otherwise stall it ten times as long); else on the pool
+(Python code there yields the GIL every few milliseconds; the tokenizers library and hashlib
+release it while they run), so the loop keeps serving.
 
 Fair: each key (the API key's scope) has its own queue and runs at most ``threads - 1`` jobs at
 once (one with a single thread), and a free thread takes the next key in turn. So one key's long
@@ -35,6 +39,7 @@ from sidecar.errors import APIError, retry_after
 T = TypeVar("T")
 
 OFFLOAD_CHARS = 64 * 1024  # a request weighing at least this much is prepared off the loop
+INLINE_BUDGET = OFFLOAD_CHARS  # what all requests together may prepare inline in one turn of the loop
 ITEM_WEIGHT = 32  # each value (object, list, string, number) counts as this many characters besides its text
 TRIM_AFTER_CHARS = 4 << 20  # the heap is trimmed once this much text was prepared since the last trim...
 TRIM_MIN_INTERVAL_S = 1.0  # ...at most this often, when a thread has nothing queued
@@ -178,7 +183,28 @@ class Offload:
         self._trim = _malloc_trim()
         self._since_trim = 0  # characters prepared since the last trim
         self._last_trim = 0.0
+        self._spent = 0  # weight prepared inline in this turn of the event loop
         fix_mmap_threshold()
+
+    def inline(self, weight: int) -> bool:
+        """Whether work of ``weight`` may run on the event loop now: it is light, and with it the
+        work done inline in this turn of the loop stays within INLINE_BUDGET (the count starts
+        again on the loop's next turn). Called on the loop."""
+        if weight >= OFFLOAD_CHARS or self._spent + weight > INLINE_BUDGET:
+            return False
+        if not self._spent:
+            asyncio.get_running_loop().call_soon(self._new_turn)
+        self._spent += max(weight, 1)
+        return True
+
+    def _new_turn(self) -> None:
+        self._spent = 0
+
+    async def prepare(self, fn: Callable[..., T], *args, key: str = "", weight: int = OFFLOAD_CHARS) -> T:
+        """``fn(*args)`` where its ``weight`` says (:meth:`inline`): here, or on the pool in ``key``'s turn."""
+        if self.inline(weight):
+            return fn(*args)
+        return await self.run(fn, *args, key=key, weight=weight)
 
     def _start(self) -> None:
         while len(self._workers) < self.threads:
@@ -259,6 +285,19 @@ class Offload:
                         pass
             self._queues.waiting.clear()
             self._cond.notify_all()
+
+
+@dataclass(frozen=True)
+class Prepare:
+    """Where one request's steps run: ``await prepare(fn, *args)`` is ``fn(*args)``, inline or on
+    the pool as the request's weight says (:meth:`Offload.prepare`), in its key's turn."""
+
+    offload: Offload
+    key: str
+    weight: int
+
+    async def __call__(self, fn: Callable[..., T], *args) -> T:
+        return await self.offload.prepare(fn, *args, key=self.key, weight=self.weight)
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

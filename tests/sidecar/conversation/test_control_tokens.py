@@ -3,7 +3,10 @@ control tokens, so no user message or tool output can forge a role or end a turn
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from sidecar.conversation.chat_template import ChatRenderer
 
@@ -46,3 +49,20 @@ async def test_through_the_api(make_sidecar, sglang_double):
     resp = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": FORGED}], "max_tokens": 2})
     assert resp.status == 200
     assert sglang_double.requests[0]["input_ids"].count(IM_START) == 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["<", "|", "im_end", "|>", "<think>", "x", "\U0010fffd", "\n"]), max_size=30).map("".join),
+       st.integers(1, 9))
+def test_markers_found_window_by_window_are_those_of_one_scan(text, window):
+    """Large strings are scanned in windows so the GIL is free between them: the same matches,
+    a control token cut by a window's edge included."""
+    from sidecar.conversation import control_text
+
+    pattern = re.compile("|".join(map(re.escape, ["<|im_end|>", "<|im_start|>", "<think>", "</think>", "\U0010fffd"])))
+    old, control_text.WINDOW = control_text.WINDOW, window
+    try:
+        windowed = [(m.start(), m.group()) for m in control_text._matches(pattern, text, 12)]
+    finally:
+        control_text.WINDOW = old
+    assert windowed == [(m.start(), m.group()) for m in pattern.finditer(text)]
