@@ -106,7 +106,7 @@ class TurnCore:
         try:
             await self.offload.run(count_rendered_strings, self.renderer.codec, request, limit, key=request.scope, weight=enough)
         except TooManyTokens as exc:
-            raise _too_long(f"at least {exc.at_least}", limit) from None
+            raise too_long(f"at least {exc.at_least}", limit) from None
 
     async def count_tokens(self, request: TurnRequest) -> int:
         """The request's prompt in tokens, rendered whole (what a new session would send): the
