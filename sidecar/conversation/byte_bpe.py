@@ -163,18 +163,18 @@ class ByteLevelBPE:
         key = hashlib.blake2b(text.encode(), digest_size=16).digest()
         with _PROVEN_LOCK:
             if key not in _PROVEN:
-                _PROVEN[key] = _prove(json.loads(text) if config is None else config, backend)
+                _PROVEN[key] = _prove(json.loads(text) if config is None else config)
                 while len(_PROVEN) > _PROVEN_MAX:
                     _PROVEN.pop(next(iter(_PROVEN)))
             proven = _PROVEN[key]
         if proven is None:
             return None
-        encoding, added = proven
+        encoding, added, pattern = proven
 
         def backend_encode(piece: str) -> list[int]:
             return backend.encode_batch_fast([piece], add_special_tokens=False)[0].ids
 
-        return cls(encoding, added, backend_encode, encoding._pat_str in TOTAL_PATTERNS)
+        return cls(encoding, added, backend_encode, pattern in TOTAL_PATTERNS)
 
     def encode(self, text: str) -> list[int]:
         if self._split is None:
@@ -206,13 +206,14 @@ class ByteLevelBPE:
         return self._backend_encode(text)
 
 
-_PROVEN: dict[bytes, tuple[Any, dict[str, int]] | None] = {}  # vocabulary digest -> (tiktoken encoding, added ids)
+_PROVEN: dict[bytes, tuple[Any, dict[str, int], str] | None] = {}  # vocabulary digest -> (tiktoken encoding, added ids, pattern)
 _PROVEN_MAX = 4
 _PROVEN_LOCK = threading.Lock()
 
 
-def _prove(config: dict[str, Any], backend) -> tuple[Any, dict[str, int]] | None:
-    """The tiktoken encoding and the added tokens' ids, if every premise of the module docstring holds."""
+def _prove(config: dict[str, Any]) -> tuple[Any, dict[str, int], str] | None:
+    """The tiktoken encoding, the added tokens' ids and the split pattern, if every premise of the
+    module docstring holds."""
     try:
         import tiktoken
     except ImportError:  # pragma: no cover - tiktoken comes with the sidecar's dependencies
@@ -237,7 +238,7 @@ def _prove(config: dict[str, Any], backend) -> tuple[Any, dict[str, int]] | None
         return None
     if not _every_token_is_its_own_word(vocab, model["merges"]):
         return None
-    return encoding, added
+    return encoding, added, pattern
 
 
 def _model_vocab(model: dict, added: dict[str, int]) -> dict[str, int] | None:
