@@ -27,6 +27,8 @@ from typing import Any
 
 from aiohttp import web
 
+from sidecar.errors import retry_after
+
 PRESSURE_FRACTION = 0.75  # from this share of the cap on, idle connections get PRESSURE_IDLE_S
 PRESSURE_IDLE_S = 2.0
 SWEEP_EVERY_S = 0.5
@@ -53,9 +55,10 @@ class _Conn:
 
 def _refusal(message: str) -> bytes:
     body = json.dumps({"error": {"message": message, "type": "server_busy", "code": "too_many_connections"}}).encode()
+    retry = "".join(f"{k}: {v}\r\n" for k, v in retry_after(1).items()).encode()
     return (
-        b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-        b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n" + retry
+        + b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
     )
 
 
