@@ -46,7 +46,7 @@ def too_long(count: str, limit: int) -> APIError:
 
 COUNT_TOKENS_LIMIT = 1 << 18  # count_tokens' limit while no worker has told its own
 SURELY_TOO_LONG_CHARS_PER_TOKEN = 8  # a request with more text than this per allowed token is counted before it is hashed
-COUNTED_STRING_CHARS = 16 * 1024  # the strings it is counted by: those at least this long
+COUNTED_STRING_CHARS = 1024  # the strings it is counted by: those at least this long (each loses 2 x CUT_SLACK)
 
 
 def count_rendered_strings(codec, req: TurnRequest, limit: int) -> None:

@@ -7,6 +7,9 @@ runs against a sidecar in front of the stand-in, which notes every chat body it 
 
 from __future__ import annotations
 
+import contextlib
+import json
+
 import pytest
 
 from sidecar.server import routes
@@ -21,16 +24,19 @@ def make_sidecar_front(aiohttp_server, qwen3_tokenizer_dir, qwen3_tokenizer, mon
 
     async def start(engine):
         received: list[dict] = []
-        read_json = routes.read_json
+        read_json_text = routes.read_json_text
 
-        async def note_body(request):
+        async def note_body(request, limits):
             """The body as the route's own reader read it (the stream is read once, by that reader)."""
-            body = await read_json(request)
-            if request.path == "/v1/chat/completions" and isinstance(body, dict):
-                received.append({**body, "headers": dict(request.headers)})
-            return body
+            text = await read_json_text(request, limits)
+            if request.path == "/v1/chat/completions":
+                with contextlib.suppress(ValueError):
+                    body = json.loads(b"".join(text.pieces))
+                    if isinstance(body, dict):
+                        received.append({**body, "headers": dict(request.headers)})
+            return text
 
-        monkeypatch.setattr(routes, "read_json", note_body)
+        monkeypatch.setattr(routes, "read_json_text", note_body)
         settings = load_settings(overrides={"server": {"sglang_url": engine.url, "tokenizer": str(qwen3_tokenizer_dir)}})
         app = create_app(settings, tokenizer=qwen3_tokenizer)
         server = await aiohttp_server(app)
