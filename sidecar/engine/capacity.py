@@ -21,6 +21,7 @@ class EngineCapacity:
     started_at: float | None = None  # SGLang's startup_time: a new value means it restarted
     storage_backend: str | None = None  # HiCache's L3 tier (--hicache-storage-backend), None = none
     storage_prefetch_policy: str = "best_effort"  # how long a request waits for its L3 read
+    host_write_policy: str = "write_through"  # --hicache-write-policy (SGLang's default: write_through)
 
     @property
     def storage_waits(self) -> bool:
@@ -40,6 +41,15 @@ class EngineCapacity:
         recomputed."""
         return self.max_total_num_tokens + self.host_tokens
 
+    @property
+    def distinct_hierarchy_tokens(self) -> int:
+        """What GPU + host hold without duplicates: write-through (and its selective form) copies
+        GPU pages to host, so the host tier holds the GPU's pages too; write_back copies a page only
+        when the GPU evicts it."""
+        if self.host_tokens <= 0 or self.host_write_policy == "write_back":
+            return self.hierarchy_tokens
+        return max(self.max_total_num_tokens, self.host_tokens)
+
     @classmethod
     def from_server_info(cls, info: dict[str, Any]) -> EngineCapacity:
         """From SGLang's /server_info ({} when it did not answer: everything unknown)."""
@@ -53,6 +63,7 @@ class EngineCapacity:
             started_at=info.get("startup_time"),
             storage_backend=info.get("hicache_storage_backend") or None,
             storage_prefetch_policy=info.get("hicache_storage_prefetch_policy") or "best_effort",
+            host_write_policy=info.get("hicache_write_policy") or "write_through",
         )
 
 

@@ -6,17 +6,27 @@ rejection (``AdmissionRejected``) with 429 + Retry-After.
 
 The rule: the session at the head of the queue starts on a worker (``placement.choose_worker``,
 the roomiest that fits) when
-    projected tokens of that worker + the session's own projection <= headroom x (GPU + host tokens),
+    projected tokens of that worker + the session's own projection
+        <= headroom x (GPU + host tokens)  [+ the overflow ``host_tier_recompute_share`` allows],
 or when the worker has nothing resident (a lone session always runs, so the gate cannot deadlock),
 or when it has waited ``max_wait`` seconds (then on the roomiest worker; SGLang's eviction has the
-last word). What is counted (``projection.Projection.projected`` over ``residency.Residency``):
+last word). With ``host_tier_capacity = distinct`` the budget counts GPU + host without the pages
+write-through holds twice (``EngineCapacity.distinct_hierarchy_tokens``). What is counted
+(``projection.Projection.projected`` over ``residency.Residency``):
     a new session   its prompt + growth per turn x turns ahead (``Projection.turns_ahead``: with a
-                    host tier ``host_tier_projection_turns``, else the turns of
+                    host tier ``host_tier_projection_turns`` or, with ``learn_session_turns``, the
+                    mean length of the sessions that ended; else the turns of
                     ``projection_horizon_s`` at the learned turn cycle, or ``projection_turns``);
     with a host tier every open session holding KV, as measured (its context) + growth per turn x
                     ``host_tier_projection_turns`` until it closes, or with ``host_tier_projection
                     = remaining`` x the turns it has left of them, at least one (a session near its
-                    end adds little more, so the next wave may start while the first finishes);
+                    end adds little more, so the next wave may start while the first finishes), or
+                    with ``peak`` the most all of them and the new one hold at once, each growing
+                    until its turns are done and then gone (``Projection.peak``); a session between
+                    turns x its duty cycle with ``host_tier_idle_weight = duty_cycle``. The overflow
+                    allowed: the tokens whose loss, taken from the sessions between turns that
+                    return last and recomputed as they return, costs at most
+                    ``host_tier_recompute_share`` of the engine's time (``Projection.overflow_tokens``);
     without one     the resident sessions (running, or idle under an unexpired lease): context +
                     growth x turns ahead, an idle one weighted by its duty cycle with ``idle_weight
                     = duty_cycle`` (service / (service + predicted remaining gap): leased KV of an

@@ -59,9 +59,12 @@ class LeasePolicy:
         self.closed = ClosedSessions(max_sessions)
         self.sessions: SessionRecords | None = None  # the session store, once it binds itself
         self.metrics = PolicyMetrics(registry if registry is not None else CollectorRegistry())
-        self.residency = Residency(admission.host_tier_projection_turns, admission.host_tier_projection == "remaining")
-        self.projection = Projection(admission, self.predictor)
-        self.placement = Placement(capacity, worker, admission.headroom, self.residency, self.projection, clock)
+        self.residency = Residency(admission.host_tier_projection_turns, admission.host_tier_projection != "full")
+        self.projection = Projection(admission, self.predictor, self.residency.turns_left)
+        self.placement = Placement(capacity, worker, admission.headroom, self.residency, self.projection, clock,
+                                   distinct=admission.host_tier_capacity == "distinct",
+                                   recompute_share=admission.host_tier_recompute_share,
+                                   recompute_cost=self.ttl_rule.recompute_cost_s)
         self.gate = AdmissionGate(
             admission,
             placement=self.placement,
@@ -299,6 +302,9 @@ class LeasePolicy:
         is learned as censored ("not back") until the session comes back."""
         self._forget(record, self.clock(), "table_full" if reason in ("capacity", "memory") else "idle")
         self.residency.remove(record)
+        turns = self.projection.learn_session_turns(record.turns)
+        if turns is not None:
+            self.residency.projected_turns = turns
         self.gate.pump()
 
     # ------------------------------------------------------------------ internals

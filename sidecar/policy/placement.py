@@ -25,6 +25,7 @@ class WorkerRoom:
     budget_tokens: float  # headroom x (GPU + host tokens); 0 = capacity not known yet
     projected_tokens: float  # what its resident sessions are projected to need
     sessions: int  # its resident sessions
+    overflow_tokens: float = 0.0  # how far past the budget a projection may go (``host_tier_recompute_share``)
 
     @property
     def free_tokens(self) -> float:
@@ -32,8 +33,10 @@ class WorkerRoom:
 
     def fits(self, tokens: float) -> bool:
         """The gate's rule on one worker: unknown capacity or nothing resident always fits (a lone
-        session always runs, so the gate cannot deadlock), else the projection must fit the budget."""
-        return self.budget_tokens <= 0 or self.sessions == 0 or self.projected_tokens + tokens <= self.budget_tokens
+        session always runs, so the gate cannot deadlock), else the projection must fit the budget
+        (+ the overflow it may take)."""
+        return (self.budget_tokens <= 0 or self.sessions == 0
+                or self.projected_tokens + tokens <= self.budget_tokens + self.overflow_tokens)
 
 
 def choose_worker(rooms: list[WorkerRoom], tokens: float, force: bool = False) -> str | None:
@@ -54,13 +57,26 @@ class Placement:
     """The workers new sessions may go to, their capacities, and each one's room now."""
 
     def __init__(self, capacity: EngineCapacity, worker: str, headroom: float, residency: Residency,
-                 projection: Projection, clock: Callable[[], float]):
+                 projection: Projection, clock: Callable[[], float], distinct: bool = False,
+                 recompute_share: float = 0.0, recompute_cost: Callable[[float], float] | None = None):
+        """``distinct``: the budget counts what GPU + host hold without duplicates
+        (``EngineCapacity.distinct_hierarchy_tokens``) instead of their sum. ``recompute_share``:
+        with a host tier, the share of engine time the KV pushed past the budget may cost as it is
+        recomputed (``recompute_cost(tokens)``: engine seconds to recompute a context of that size)."""
+        self.recompute_share = recompute_share
+        self.recompute_cost = recompute_cost
         self.capacities: dict[str, EngineCapacity] = {worker: capacity}  # by name (its URL)
         self.placeable: set[str] = {worker}
         self.headroom = headroom
         self.residency = residency
         self.projection = projection
         self.clock = clock
+        self.distinct = distinct
+
+    def budget(self, capacity: EngineCapacity) -> float:
+        """headroom x what the worker's hierarchy holds (0: capacity not known yet)."""
+        tokens = capacity.distinct_hierarchy_tokens if self.distinct else capacity.hierarchy_tokens
+        return self.headroom * tokens
 
     @property
     def first(self) -> EngineCapacity:
@@ -89,33 +105,43 @@ class Placement:
         """The host tier decides the projection (the first worker's, as every worker is alike)."""
         return self.first.host_tokens > 0
 
-    def summary(self, worker: str | None, now: float) -> tuple[float, float, int]:
+    def overflow_tokens(self, worker: str | None, now: float) -> float:
+        """Tokens past the budget ``worker`` may take with its host tier (``Projection.overflow_tokens``)."""
+        if self.recompute_share <= 0 or self.recompute_cost is None or self.capacity_of(worker).host_tokens <= 0:
+            return 0.0
+        load = self.residency.load(worker, now, alone=len(self.capacities) == 1)
+        return self.projection.overflow_tokens(load, now, self.recompute_share, self.recompute_cost)
+
+    def summary(self, worker: str | None, now: float, candidate: float | None = None) -> tuple[float, float, int]:
         """(tokens, projected tokens as the gate counts them, sessions) of ``worker``'s resident
-        sessions (None: all of them), the host tier's holding sessions included where there is one."""
+        sessions (None: all of them), the host tier's holding sessions included where there is one;
+        ``candidate``: a new session's projection (``Projection.projected``)."""
         capacity = self.capacities.get(worker, self.first) if worker is not None else self.first
         hierarchy = capacity.host_tokens > 0
         if worker is None:
             load = self.residency.total(now)
         else:
             load = self.residency.load(worker, now, alone=len(self.capacities) == 1)
-        projected = self.projection.projected(load, hierarchy, self.projection.growth(self.hierarchy()), now)
+        projected = self.projection.projected(load, hierarchy, self.projection.growth(self.hierarchy()), now, candidate)
         if hierarchy:
             return load.holding_tokens, projected, load.holding
         return load.resident_tokens, projected, load.resident
 
-    def rooms(self) -> list[WorkerRoom]:
+    def rooms(self, candidate: float | None = None) -> list[WorkerRoom]:
+        """Each placeable worker's room now (``candidate``: for a new session of that projection)."""
         now = self.clock()
         out = []
         for worker, capacity in self.capacities.items():
             if worker in self.placeable:
-                _, projected, sessions = self.summary(worker, now)
-                out.append(WorkerRoom(worker, self.headroom * capacity.hierarchy_tokens, projected, sessions))
+                _, projected, sessions = self.summary(worker, now, candidate)
+                out.append(WorkerRoom(worker, self.budget(capacity), projected, sessions,
+                                      self.overflow_tokens(worker, now)))
         return out
 
     def choose(self, tokens: float, force: bool = False) -> str | None:
         """The worker a session of ``tokens`` projected tokens fits on, or None (``force``: the
         roomiest anyway)."""
-        return choose_worker(self.rooms(), tokens, force)
+        return choose_worker(self.rooms(tokens), tokens, force)
 
     def resident_fraction(self, worker: str | None, now: float) -> float:
         """How full ``worker`` is with resident sessions (running or leased) over its GPU + host

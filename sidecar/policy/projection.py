@@ -3,10 +3,13 @@ sessions are still expected to add (the rule itself: ``sidecar.policy.admission`
 
 Learned over all sessions (an exponential average, rate ``LEARNING_RATE``): the tokens a turn adds
 (``growth_tokens``), the seconds from a request to its reply's end (``service_s``) and from one
-request of a session to its next (``cycle_s`` = service + tool gap).
+request of a session to its next (``cycle_s`` = service + tool gap); with ``learn_session_turns``
+also the turns a session takes before it ends (``session_turns``, a running mean at first).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
 
 from sidecar.policy.lifecycle import SessionRecord
 from sidecar.policy.residency import Load
@@ -16,14 +19,29 @@ LEARNING_RATE = 0.1  # of the growth, service-time and turn-cycle averages
 
 
 class Projection:
-    def __init__(self, settings: AdmissionSettings, predictor):
+    def __init__(self, settings: AdmissionSettings, predictor, turns_left: Callable[[int], float] | None = None):
+        """``turns_left(turns taken)``: the turns of growth a holding session is still projected at
+        (``residency.Residency.turns_left``)."""
         self.settings = settings
         self.predictor = predictor
+        self.turns_left = turns_left or (lambda turns: max(settings.host_tier_projection_turns - turns, 1.0))
         self.growth_tokens = float(settings.expected_growth_tokens)
         self.service_s: float | None = None  # None until observed
         self.cycle_s: float | None = None
+        self.session_turns = float(settings.host_tier_projection_turns)  # turns a session takes
+        self._ended = 0
 
     # ------------------------------------------------------------------ learning
+    def learn_session_turns(self, turns: int) -> float | None:
+        """A session ended after ``turns`` turns: the mean session length, if it is learned
+        (``learn_session_turns``; the prior counts as one session), else None."""
+        if not self.settings.learn_session_turns or turns <= 0:
+            return None
+        self._ended += 1
+        rate = max(1.0 / (self._ended + 1), LEARNING_RATE)
+        self.session_turns += rate * (turns - self.session_turns)
+        return self.session_turns
+
     def learn_growth(self, growth: int) -> None:
         if self.settings.learn_growth:
             self.growth_tokens += LEARNING_RATE * (growth - self.growth_tokens)
@@ -36,11 +54,11 @@ class Projection:
 
     # ------------------------------------------------------------------ projection
     def turns_ahead(self, hierarchy: bool) -> float:
-        """Turns of growth a session is projected at: with a host tier ``host_tier_projection_turns``
-        (its KV stays until it ends); else ``projection_horizon_s`` / the learned turn cycle, or
+        """Turns of growth a new session is projected at: with a host tier ``host_tier_projection_turns``
+        or the learned session length (its KV stays until it ends); else ``projection_horizon_s`` / the learned turn cycle, or
         ``projection_turns`` (no horizon set, or no cycle observed yet)."""
         if hierarchy:
-            return self.settings.host_tier_projection_turns
+            return self.session_turns
         horizon = self.settings.projection_horizon_s
         if horizon > 0 and self.cycle_s:
             return horizon / self.cycle_s
@@ -50,21 +68,78 @@ class Projection:
         """Tokens a new session is expected to add before admission is reconsidered."""
         return self.growth_tokens * self.turns_ahead(hierarchy)
 
-    def projected(self, load: Load, hierarchy: bool, growth: float, now: float) -> float:
-        """Tokens the gate counts a worker's sessions at (``growth``: a session's projected growth).
+    def projected(self, load: Load, hierarchy: bool, growth: float, now: float, candidate: float | None = None) -> float:
+        """Tokens the gate counts a worker's sessions at (``growth``: a session's projected growth;
+        ``candidate``: the projection of a new session about to be placed, which the ``peak`` rule
+        needs to know: then the result + ``candidate`` is what the worker would count with it).
 
         With a host tier every session holding KV counts: its context + growth_tokens x its turns
-        left (the turns it took shrink what it still adds). Without one, the resident sessions:
-        running ones their context + ``growth``; idle leased ones the same, or with ``idle_weight =
-        duty_cycle`` that x their ``duty_cycle``.
+        left (the turns it took shrink what it still adds; with ``host_tier_projection = peak`` the
+        most they hold at once, ``peak``), an idle one x its ``duty_cycle`` with
+        ``host_tier_idle_weight = duty_cycle``. Without one, the resident sessions: running ones their
+        context + ``growth``; idle leased ones the same, or with ``idle_weight = duty_cycle`` that x
+        their ``duty_cycle``.
         """
         if hierarchy:
-            return load.holding_tokens + self.growth_tokens * load.holding_turns_left
+            weigh = self.settings.host_tier_idle_weight == "duty_cycle" and self.service_s is not None
+            if self.settings.host_tier_projection == "peak":
+                sessions = [(r.context_tokens, self.turns_left(r.turns), self._idle_weight(r, now, weigh))
+                            for r in load.holding_records.values()]
+                if candidate is None:
+                    return self.peak(sessions)
+                turns = self.session_turns
+                start = max(candidate - self.growth_tokens * turns, 0.0)
+                return self.peak([*sessions, (start, turns, 1.0)]) - candidate
+            total = load.holding_tokens + self.growth_tokens * load.holding_turns_left
+            if weigh:
+                for r in load.holding_records.values():
+                    w = self._idle_weight(r, now, True)
+                    if w < 1.0:
+                        total -= (1.0 - w) * (r.context_tokens + self.growth_tokens * self.turns_left(r.turns))
+            return total
         running = load.running_tokens + growth * load.running
         if self.settings.idle_weight != "duty_cycle" or self.service_s is None:
             idle = load.resident - load.running
             return running + (load.resident_tokens - load.running_tokens) + growth * idle
         return running + sum(self.duty_cycle(r, now) * (r.context_tokens + growth) for r in load.idle_leased.values())
+
+    def peak(self, sessions: Iterable[tuple[float, float, float]]) -> float:
+        """The most ``sessions`` (context, turns left, weight) hold at once over the turns ahead:
+        each grows by ``growth_tokens`` a turn until its turns are done, then its KV is gone. The
+        sum rises between two ends and drops at each, so its peak is just before one of them."""
+        best = weight = tokens = 0.0
+        for context, turns, w in sorted(sessions, key=lambda s: -s[1]):
+            weight += w
+            tokens += w * context
+            best = max(best, tokens + self.growth_tokens * turns * weight)
+        return best
+
+    def overflow_tokens(self, load: Load, now: float, share: float, recompute_cost: Callable[[float], float]) -> float:
+        """Tokens past the budget the worker may take when the KV they push out, taken from the
+        sessions between turns that cost least to lose (their recompute / the time to their
+        predicted return + a service time: the plugin gives up the latest returns first),
+        recomputed as they return, costs at most ``share`` of the engine's time."""
+        if share <= 0 or self.service_s is None:
+            return 0.0
+        losses = []  # (engine seconds per second per token, tokens)
+        for r in load.holding_records.values():
+            if r.running or r.turn_ended_at is None or r.context_tokens <= 0:
+                continue
+            dist = self.predictor.distribution(r.turn_tools, r.gap_stats)
+            until = dist.median(max(0.0, now - r.turn_ended_at)) + self.service_s
+            rate = 0.0 if until == float("inf") else recompute_cost(r.context_tokens) / until
+            losses.append((rate / r.context_tokens, r.context_tokens))
+        tokens = spent = 0.0
+        for per_token, n in sorted(losses):
+            if spent + per_token * n > share:
+                return tokens + ((share - spent) / per_token if per_token > 0 else n)
+            spent += per_token * n
+            tokens += n
+        return tokens
+
+    def _idle_weight(self, record: SessionRecord, now: float, weigh: bool) -> float:
+        """1, or a session's duty cycle while it is between turns (``weigh``)."""
+        return self.duty_cycle(record, now) if weigh and record.running == 0 else 1.0
 
     def duty_cycle(self, record: SessionRecord, now: float) -> float:
         """Share of the time from now to the end of an idle session's next turn that it runs:

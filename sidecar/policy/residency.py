@@ -45,6 +45,8 @@ class Load:
     # resident sessions with no request running (leased, idle): the duty-cycle weight is
     # per session and time, so the gate weighs these few one by one (insertion-ordered)
     idle_leased: MutableMapping[str, SessionRecord] = field(default_factory=dict)
+    # the holding sessions one by one, for the rules that weigh each (``projection.Projection``)
+    holding_records: MutableMapping[str, SessionRecord] = field(default_factory=dict)
 
     def plus(self, other: Load) -> Load:
         """The sum of two loads (the idle sessions of both)."""
@@ -59,6 +61,7 @@ class Load:
             self.holding_tokens + other.holding_tokens,
             self.holding_turns_left + other.holding_turns_left,
             ChainMap(self.idle_leased, other.idle_leased),  # read-only: no copy of either
+            ChainMap(self.holding_records, other.holding_records),
         )
 
 
@@ -119,6 +122,10 @@ class Residency:
                 if record.lease_expires_at is None or record.lease_expires_at <= now:
                     self.update(record, now)
 
+    def turns_left(self, turns: int) -> float:
+        """The turns of growth still expected of a session that took ``turns``."""
+        return max(self.projected_turns - (turns if self.shrink else 0), 1.0)
+
     # ------------------------------------------------------------------ reads
     def load(self, worker: str | None, now: float, alone: bool) -> Load:
         """The counters of ``worker`` at ``now``; ``alone`` (one worker): with the unplaced sessions."""
@@ -145,8 +152,7 @@ class Residency:
         running = r.running > 0
         leased = r.lease_expires_at is not None and now < r.lease_expires_at
         holding = running or leased or r.holds_kv()
-        turns = r.turns if self.shrink else 0
-        turns_left = max(self.projected_turns - turns, 1.0) if holding else 0.0
+        turns_left = self.turns_left(r.turns) if holding else 0.0
         return (r.worker, running, leased, holding, r.context_tokens, turns_left)
 
     def _apply(self, record: SessionRecord, c: _Contribution, sign: int) -> None:
@@ -172,3 +178,7 @@ class Residency:
             load.holding += sign
             load.holding_tokens += sign * tokens
             load.holding_turns_left += sign * turns_left
+            if sign > 0:
+                load.holding_records[record.session_id] = record
+            else:
+                load.holding_records.pop(record.session_id, None)

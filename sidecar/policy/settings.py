@@ -124,12 +124,34 @@ class AdmissionSettings(BaseModel):
         "stays in GPU + host until the session ends, so admission must leave room for what the sessions grow "
         "to, not for the next few turns.",
     )
-    host_tier_projection: Literal["full", "remaining"] = Field(
+    learn_session_turns: bool = Field(
+        False,
+        description="With a host tier: once sessions were seen to end, project each at the mean number of turns "
+        "sessions took (a running mean, then an exponential one) instead of host_tier_projection_turns.",
+    )
+    host_tier_projection: Literal["full", "remaining", "peak"] = Field(
         "full",
         description="With a host tier, what an open session counts at: full = its context + all "
         "host_tier_projection_turns of growth until it closes; remaining = its context + the turns it has left of "
-        "them (at least one), so a session near its end frees room for the next. In the simulator's 48-agent "
-        "overload at ratio 1, remaining admitted too early (benchmarks/results/sim/admission-2026-12-01).",
+        "them (at least one), so a session near its end frees room for the next; peak = the most the open "
+        "sessions and the new one hold at once over the turns ahead, each growing until its turns are done and "
+        "then gone (remaining adds every session at its end, as if all ended at the same time).",
+    )
+    host_tier_recompute_share: float = Field(
+        0.0,
+        ge=0,
+        le=1.0,
+        description="With a host tier: admit a session past the budget when the KV it pushes out, taken from the "
+        "agents between turns that cost least to lose and recomputed as each returns, costs at most this share of "
+        "the engine's time (0 = the budget is a hard limit). Agents in long tool gaps return rarely, so losing "
+        "their KV costs less than a new agent waiting at the door; agents in short gaps would recompute it every "
+        "few seconds, so they keep the budget.",
+    )
+    host_tier_idle_weight: Literal["full", "duty_cycle"] = Field(
+        "full",
+        description="With a host tier, how a session between turns counts: full = all of it; duty_cycle = x "
+        "service / (service + its predicted remaining gap), as idle_weight does without a host tier: the KV of "
+        "an agent out for 20 s is needed a third of the time, and it is recomputed or reloaded when it is back.",
     )
     idle_weight: Literal["full", "duty_cycle"] = Field(
         "full",
@@ -139,6 +161,12 @@ class AdmissionSettings(BaseModel):
     )
     learn_growth: bool = Field(
         True, description="Learn the per-turn growth (append + output) from observed turns."
+    )
+    host_tier_capacity: Literal["sum", "distinct"] = Field(
+        "sum",
+        description="With a host tier, what the gate's budget counts: sum = GPU + host tokens; distinct = what "
+        "the two tiers hold without duplicates: under SGLang's default write-through policy every GPU page is "
+        "copied to host, so max(GPU, host); GPU + host under write_back.",
     )
     max_queue: int = Field(64, ge=0, description="Most new sessions waiting; beyond it they get 429.")
     max_wait: float = Field(

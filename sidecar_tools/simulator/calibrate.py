@@ -246,7 +246,8 @@ def simulate_spec(spec: dict[str, Any], cost: CostModel) -> tuple[dict[str, Any]
             config = REPO_ROOT / config
         settings = load_settings(config, {section: dict(values) for section, values in sc.items() if values})
         sidecar = SidecarLoop(settings, engine.kv_tokens, clock=lambda: replay.clock_now,
-                              host_tokens=engine.host_pool_tokens() or 0, workers=workers)
+                              host_tokens=engine.host_pool_tokens() or 0, workers=workers,
+                              host_write_policy=spec.get("hicache_write_policy", "write_through"))
     replay = VirtualReplay(trace, engines, opts, max_concurrent_sessions=spec.get("max_concurrent_sessions"),
                            sidecar=sidecar, expected_back_oracle=bool(spec.get("expected_back_oracle")),
                            worker_losses=losses, shared_l3=l3)

@@ -295,7 +295,8 @@ def _replay(ctx: click.Context, kw: dict[str, Any], policy_config: dict[str, Any
         except SettingsError as exc:
             raise click.ClickException(str(exc)) from None
         sidecar = SidecarLoop(settings, engine.kv_tokens, clock=lambda: replay.clock_now,
-                              host_tokens=engine.host_pool_tokens() or 0, workers=kw["workers"])
+                              host_tokens=engine.host_pool_tokens() or 0, workers=kw["workers"],
+                              host_write_policy=kw.get("hicache_write_policy") or "write_through")
         sidecar_info = {"config": kw["sidecar_config"], "policy": settings.policy.model_dump(),
                         "admission": settings.admission.model_dump()}
     bar = progress_bar(sum(len(s.rounds) for s in trace.sessions), "simulate")

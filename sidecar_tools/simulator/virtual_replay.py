@@ -63,14 +63,15 @@ class SidecarLoop:
     turn's own policy calls (``sidecar.turn.policy_calls``)."""
 
     def __init__(self, settings: Any, kv_tokens: int, clock: Callable[[], float], host_tokens: int = 0,
-                 workers: int = 1, placement_only: bool = False):
+                 workers: int = 1, placement_only: bool = False, host_write_policy: str = "write_through"):
         """``workers`` identical workers of ``kv_tokens`` (+ ``host_tokens``) each, registered as
         ``build_core`` registers them (the first through ``build_policy``, the rest by ``set_capacity``)."""
         from sidecar.conversation.store import SessionStore
         from sidecar.policy import EngineCapacity, build_policy
 
         self.settings = settings
-        capacity = EngineCapacity(max_total_num_tokens=kv_tokens, host_tokens=host_tokens)
+        capacity = EngineCapacity(max_total_num_tokens=kv_tokens, host_tokens=host_tokens,
+                                  host_write_policy=host_write_policy)
         self.worker_names = worker_names(workers)
         first, *others = self.worker_names
         # registering a worker pumps the gate, before the replay (and its clock) exists: time 0 then

@@ -39,7 +39,7 @@ def recount(policy, now: float, worker: str) -> dict[str, float]:  # noqa: C901
         if running or leased or r.holds_kv():
             out["holding"] += 1
             out["holding_tokens"] += r.context_tokens
-            taken = r.turns if policy.admission_settings.host_tier_projection == "remaining" else 0
+            taken = r.turns if policy.admission_settings.host_tier_projection != "full" else 0
             out["holding_turns_left"] += max(turns - taken, 1.0)
     return out
 
@@ -78,7 +78,7 @@ def apply(policy, clock, op: str, sid: str, x: float) -> None:
 
 
 @pytest.mark.parametrize("host_tokens", [0, 50_000])
-@pytest.mark.parametrize("shrink", ["full", "remaining"])
+@pytest.mark.parametrize("shrink", ["full", "remaining", "peak"])
 @settings(max_examples=150, deadline=None)
 @given(steps=st.lists(st.tuples(st.sampled_from(OPS), st.sampled_from(SESSIONS),
                                 st.sampled_from([0.0, 0.5, 3.0, 12.0, 25.0])), min_size=20, max_size=80))
@@ -100,3 +100,6 @@ def test_counters_equal_a_full_recount(host_tokens, shrink, steps):
             idle = {r.session_id for r in policy.sessions.records() if r.worker == worker and r.running == 0
                     and r.lease_expires_at is not None and clock.now < r.lease_expires_at}
             assert set(load.idle_leased) == idle
+            holding = {r.session_id for r in policy.sessions.records() if r.worker == worker and (
+                r.running > 0 or r.holds_kv() or (r.lease_expires_at is not None and clock.now < r.lease_expires_at))}
+            assert set(load.holding_records) == holding
