@@ -88,9 +88,6 @@ class SessionPolicy(Protocol):
     def on_turn_end(self, turn: TurnEnd) -> None:
         """A turn finished; the gap until the session's next request starts now."""
 
-    def lease_expiry(self, session_id: str) -> float | None:
-        """When the lease the sidecar asked for ends (time.monotonic clock); None = no lease."""
-
     def sessions_to_close(self, now: float) -> list[str]:
         """Idle sessions to forget now. Call periodically."""
 

@@ -27,7 +27,7 @@ from sidecar.policy.base import LeaseRequest, TurnEnd
 from sidecar.policy.final_answers import ENDS_BELOW, FinalAnswerStats, with_chance_of_return
 from sidecar.policy.lifecycle import ClosedSessions, SessionRecord, SessionRecords
 from sidecar.policy.metrics import PolicyMetrics
-from sidecar.policy.placement import Placement, WorkerRoom
+from sidecar.policy.placement import Placement
 from sidecar.policy.predictor import NO_TOOL, ReturnTimePredictor, tool_keys
 from sidecar.policy.projection import Projection
 from sidecar.policy.residency import Residency
@@ -195,11 +195,6 @@ class LeasePolicy:
             dist = self.predictor.next_reply_distribution(state.gap_stats, context_tokens)
         return LeaseRequest(ttl, *expected_return(dist))
 
-    def lease_expiry(self, session_id: str) -> float | None:
-        """When the lease the sidecar asked for ends (the policy's clock); None = no lease."""
-        state = self.sessions.record(session_id)
-        return state.lease_expires_at if state is not None else None
-
     def on_turn_end(self, turn: TurnEnd) -> None:
         """The reply ended: the lease sent with the request starts, and so does the gap."""
         now = turn.finished_at
@@ -274,10 +269,6 @@ class LeasePolicy:
     def worker_of(self, session_id: str) -> str | None:
         record = self.sessions.record(session_id)
         return record.worker if record is not None else None
-
-    def rooms(self) -> list[WorkerRoom]:
-        """Each placeable worker's room now (what placement compares)."""
-        return self.placement.rooms()
 
     def assign(self, session_id: str, worker: str) -> None:
         """Place a session the gate does not hold (admission off, or re-homed) on ``worker``."""

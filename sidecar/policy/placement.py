@@ -109,8 +109,7 @@ class Placement:
         """Tokens past the budget ``worker`` may take with its host tier (``Projection.overflow_tokens``)."""
         if self.recompute_share <= 0 or self.recompute_cost is None or self.capacity_of(worker).host_tokens <= 0:
             return 0.0
-        load = self.residency.load(worker, now, alone=len(self.capacities) == 1)
-        return self.projection.overflow_tokens(load, now, self.recompute_share, self.recompute_cost)
+        return self.projection.overflow_tokens(self._load(worker, now), now, self.recompute_share, self.recompute_cost)
 
     def summary(self, worker: str | None, now: float, candidate: float | None = None) -> tuple[float, float, int]:
         """(tokens, projected tokens as the gate counts them, sessions) of ``worker``'s resident
@@ -118,10 +117,7 @@ class Placement:
         ``candidate``: a new session's projection (``Projection.projected``)."""
         capacity = self.capacities.get(worker, self.first) if worker is not None else self.first
         hierarchy = capacity.host_tokens > 0
-        if worker is None:
-            load = self.residency.total(now)
-        else:
-            load = self.residency.load(worker, now, alone=len(self.capacities) == 1)
+        load = self._load(worker, now)
         projected = self.projection.projected(load, hierarchy, self.projection.growth(self.hierarchy()), now, candidate)
         if hierarchy:
             return load.holding_tokens, projected, load.holding
@@ -149,11 +145,14 @@ class Placement:
         capacity = self.capacity_of(worker).hierarchy_tokens
         if capacity <= 0:
             return 0.0
-        if len(self.capacities) > 1:
-            tokens = self.residency.load(worker, now, alone=False).resident_tokens
-        else:
-            tokens = self.residency.total(now).resident_tokens
-        return min(tokens / capacity, 1.0)
+        return min(self._load(worker, now).resident_tokens / capacity, 1.0)
+
+    def _load(self, worker: str | None, now: float):
+        """The sessions ``worker`` answers for: the one pool's with one worker (or none named),
+        its own with several."""
+        if worker is None or len(self.capacities) <= 1:
+            return self.residency.total(now)
+        return self.residency.load(worker, now, alone=False)
 
     def worker_state(self) -> dict[str, tuple[float, int, int]]:
         """Per worker: (tokens of the sessions holding KV there, leases, sessions placed there)."""

@@ -247,7 +247,7 @@ async def test_engine_restart_between_turns_loses_leases_and_cache_but_not_the_s
     messages = [{"role": "system", "content": "You are an agent. " * 20}, {"role": "user", "content": "t1"}]
     _, first = await chat(client, {"messages": messages}, SESSION)
     assert double.requests[0]["sampling_params"]["custom_params"]["session_lease_ttl_s"] == 30.0
-    assert client.app[keys.TURNS].policy.lease_expiry(client.app[keys.SESSIONS].get("agent-7").id) > time.monotonic()
+    assert client.app[keys.SESSIONS].get("agent-7").record.lease_expires_at > time.monotonic()
 
     await bounded(double.restart())  # cache, sessions and (in the real engine) the lease table are gone
 
@@ -372,8 +372,7 @@ async def test_hanging_up_a_continued_leased_turn_keeps_the_last_good_state(make
     messages = [{"role": "user", "content": "a"}]
     _, first = await chat(client, {"messages": messages}, SESSION)
     session = client.app[keys.SESSIONS].get("agent-7")
-    policy = client.app[keys.TURNS].policy
-    lease_until = policy.lease_expiry(session.id)
+    lease_until = session.record.lease_expires_at
     assert lease_until is not None
     messages += [first["choices"][0]["message"], {"role": "user", "content": "b"}]
     double.token_delay = 0.02
@@ -385,7 +384,7 @@ async def test_hanging_up_a_continued_leased_turn_keeps_the_last_good_state(make
             break
     assert double.aborts[-1]["rid"] == double.requests[-1]["rid"]
     # turn 1's lease, untouched: SGLang keeps it past an aborted turn, and so does the policy
-    assert policy.lease_expiry(session.id) == lease_until > time.monotonic()
+    assert session.record.lease_expires_at == lease_until > time.monotonic()
     assert session.state(time.monotonic()) == "leased"
     assert_quiescent(client.app, ("agent-7", 1))
     double.token_delay = 0.0
