@@ -12,6 +12,7 @@ import asyncio
 import gc
 import logging
 import os
+import sys
 import time
 from collections import Counter
 from typing import Any, AsyncIterator
@@ -191,7 +192,7 @@ def _engine_context(preloaded_tokenizer):
                 worker.capacity = EngineCapacity.from_server_info(other_info or {})
             factory = (lambda url: Worker(client(url), EngineCapacity(0), gateway)) if gateway else None
             configure(app, engine, tokenizer, info or {}, others, gateway, factory)
-            freeze_startup_objects()
+            keep_the_loop_responsive()
         except BaseException:
             await http.close()
             raise
@@ -202,13 +203,21 @@ def _engine_context(preloaded_tokenizer):
     return context
 
 
-def freeze_startup_objects() -> None:
-    """What startup built (modules, the tokenizer, the template, pydantic's schemas: ~400K objects)
-    is kept out of every later garbage collection. A collection walks every tracked object while
-    holding the GIL, from whichever thread allocates; over those it stalled the event loop by up to
-    half a second while large bodies were parsed on the pool."""
+SWITCH_INTERVAL_S = 0.001  # how long a thread running Python holds the GIL while another waits
+
+
+def keep_the_loop_responsive() -> None:
+    """Two process-wide settings for the event loop's sake while the pool prepares large requests.
+
+    What startup built (modules, the tokenizer, the template, pydantic's schemas: ~400K objects) is
+    kept out of every later garbage collection: a collection walks every tracked object holding the
+    GIL, from whichever thread allocates; over those it stalled the loop by up to half a second while
+    large bodies were parsed on the pool. And a pool thread running Python hands the GIL to the
+    waiting loop after 1 ms instead of 5: the loop waits once per turn, several turns a request, and
+    with two pool threads busy (three keys' 12 MB bodies) it fell behind by hundreds of milliseconds."""
     gc.collect()
     gc.freeze()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
 def configure(

@@ -248,9 +248,13 @@ class Offload:
                 job.loop.call_soon_threadsafe(_settle, job.future, result, error)
             except RuntimeError:  # the loop is closed: nobody waits
                 pass
+            key, weight = job.key, job.weight
+            # nothing of the job outlives it on this thread while it waits for the next one: its
+            # arguments, result or error (whose traceback holds a request's whole history)
+            job = result = error = None
             with self._cond:
-                self._queues.done(job.key)
-                self._since_trim += job.weight
+                self._queues.done(key)
+                self._since_trim += weight
                 self._cond.notify()
 
     def _next_job(self) -> _Job | None:

@@ -5,7 +5,9 @@ and the heap is not trimmed after every job."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+import weakref
 
 import pytest
 
@@ -60,6 +62,35 @@ async def test_a_job_given_up_on_never_runs():
     await blocker
     await asyncio.sleep(0.1)
     assert ran == []
+    offload.close()
+
+
+async def test_nothing_of_a_finished_job_stays_alive_on_its_thread():
+    """A large request's history (a job's argument, result or error, whose traceback holds it) is
+    freed once its request is done, not kept by the idle pool thread until its next job."""
+
+    class History(list):
+        pass
+
+    offload = Offload(timeout_s=10, threads=1)
+    for fails in (False, True):
+        history = History(["x" * 100] * 100)
+        alive = weakref.ref(history)
+
+        def job(h: History) -> History:
+            if fails:
+                raise ValueError(f"refused {len(h)} messages")
+            return h
+
+        if fails:
+            with pytest.raises(ValueError):
+                await offload.run(job, history)
+        else:
+            assert await offload.run(job, history) is history
+        del history, job
+        await asyncio.sleep(0.05)  # the thread is waiting for its next job
+        gc.collect()
+        assert alive() is None, "the pool thread still holds the last request"
     offload.close()
 
 
