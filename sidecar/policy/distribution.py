@@ -10,6 +10,7 @@ overflow mass is not stretched.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 
 import numpy as np
 
@@ -44,8 +45,8 @@ class LogTimeGrid:
     def position(self, t) -> np.ndarray:
         """Fractional edge index of each time (0 at t=0, 1 at min_s, n_finite at the horizon)."""
         t = np.maximum(np.asarray(t, dtype=float), 0.0)
-        with np.errstate(divide="ignore"):
-            logpos = 1.0 + np.log10(np.maximum(t, 1e-300) / self.min_s) * self.bins_per_decade
+        # log10 of a positive number: no warning to silence (np.errstate cost more than the math)
+        logpos = 1.0 + np.log10(np.maximum(t, 1e-300) / self.min_s) * self.bins_per_decade
         pos = np.where(t < self.min_s, t / self.min_s, logpos)
         return np.clip(pos, 0.0, float(self.n_finite))
 
@@ -68,12 +69,41 @@ class LogTimeGrid:
 class GapDistribution:
     """P(back within t), optionally given that ``elapsed`` seconds passed without a return."""
 
+    __slots__ = ("grid", "pmf", "scale", "_cdf_at_edges", "_cdf_list", "_pmf_list")
+
     def __init__(self, grid: LogTimeGrid, pmf: np.ndarray, scale: float = 1.0):
         total = float(pmf.sum())
         self.grid = grid
         self.pmf = pmf / total if total > 0 else grid.lognormal_pmf(1.0, 1.0)
         self.scale = float(scale)
-        self._cdf_at_edges = np.concatenate(([0.0], np.cumsum(self.pmf[: grid.n_finite])))
+        self._cdf_at_edges = cdf = np.empty(grid.n_finite + 1)
+        cdf[0] = 0.0
+        np.cumsum(self.pmf[: grid.n_finite], out=cdf[1:])
+        # read-only: scaled() copies share them (the predictor caches one shape per tool)
+        self.pmf.flags.writeable = False
+        cdf.flags.writeable = False
+        self._cdf_list: list[float] | None = None  # plain-float copies for the scalar reads
+        self._pmf_list: list[float] | None = None
+
+    def _lists(self) -> tuple[list[float], list[float]]:
+        """The cdf at the edges and the pmf as lists, made on the first scalar read (then shared
+        by scaled() copies made later): a scalar read then indexes no numpy array."""
+        if self._cdf_list is None:
+            self._cdf_list = self._cdf_at_edges.tolist()
+            self._pmf_list = self.pmf.tolist()
+        return self._cdf_list, self._pmf_list
+
+    def scaled(self, scale: float) -> GapDistribution:
+        """The same shape stretched by ``scale``, sharing the arrays (no array work)."""
+        self._lists()
+        new = object.__new__(GapDistribution)
+        new.grid = self.grid
+        new.pmf = self.pmf
+        new.scale = float(scale)
+        new._cdf_at_edges = self._cdf_at_edges
+        new._cdf_list = self._cdf_list
+        new._pmf_list = self._pmf_list
+        return new
 
     def cdf(self, t) -> np.ndarray | float:
         """P(back within t) for t >= 0 (scalar or array; a scalar in plain floats, no array round trip)."""
@@ -94,7 +124,8 @@ class GapDistribution:
         else:
             pos = min(1.0 + math.log10(x / grid.min_s) * grid.bins_per_decade, float(grid.n_finite))
         idx = min(int(math.floor(pos)), grid.n_finite - 1)
-        return float(self._cdf_at_edges[idx] + (pos - idx) * self.pmf[idx])
+        cdf, pmf = self._lists()
+        return cdf[idx] + (pos - idx) * pmf[idx]
 
     @property
     def p_back_ever(self) -> float:
@@ -113,14 +144,14 @@ class GapDistribution:
         """Smallest t with P(back within t | elapsed) >= q; inf if the horizon holds less than q."""
         f_a = self._cdf_scalar(float(elapsed)) if elapsed > 0 else 0.0  # cdf(t <= 0) is 0
         target = f_a + q * (1.0 - f_a)
-        cdf = self._cdf_at_edges
+        cdf, pmf = self._lists()
         if target > cdf[-1] + 1e-12:
             return math.inf
-        i = int(np.searchsorted(cdf, target, side="left"))
+        i = bisect_left(cdf, target)  # = np.searchsorted(side="left"): the cdf is sorted
         if i == 0:
             return 0.0
         lo_edge = i - 1
-        mass = self.pmf[lo_edge]
+        mass = pmf[lo_edge]
         frac = 0.0 if mass <= 0 else (target - cdf[lo_edge]) / mass
         pos = lo_edge + min(max(frac, 0.0), 1.0)
         if pos <= 1.0:

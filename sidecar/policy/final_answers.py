@@ -18,8 +18,6 @@ back" in proportion 1 - p and the TTL rule decides on that.
 
 from __future__ import annotations
 
-import numpy as np
-
 from sidecar.policy.distribution import GapDistribution
 
 ENDS_BELOW = 0.5  # a final answer after which a return is less likely than this ends the session
@@ -59,6 +57,6 @@ class FinalAnswerStats:
 
 def with_chance_of_return(dist: GapDistribution, p: float) -> GapDistribution:
     """``dist`` given that the session comes back at all with probability ``p`` only."""
-    never = np.zeros_like(dist.pmf)
-    never[dist.grid.overflow] = 1.0
-    return GapDistribution(dist.grid, p * dist.pmf + (1.0 - p) * never, dist.scale)
+    pmf = p * dist.pmf  # the finite bins as p * pmf + (1 - p) * 0 were: the same bits
+    pmf[dist.grid.overflow] += 1.0 - p
+    return GapDistribution(dist.grid, pmf, dist.scale)

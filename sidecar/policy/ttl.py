@@ -35,6 +35,7 @@ class LeaseTtlRule:
         grid = np.geomspace(min(0.01, hi), hi, 200)
         self._times = np.unique(np.concatenate(([0.0, lo, hi], grid)))
         self._candidates = self._times >= lo
+        self._steps = np.diff(self._times)  # constant: not recomputed per lease
 
     def recompute_cost_s(self, tokens: float) -> float:
         """Engine seconds to recompute a context of ``tokens`` tokens."""
@@ -81,7 +82,9 @@ class LeaseTtlRule:
         """Expected engine seconds saved by a lease of each length in ``self.times``."""
         back = np.asarray(dist.p_back_within(self._times, elapsed))
         survival = 1.0 - back
-        held = np.concatenate(([0.0], np.cumsum(np.diff(self._times) * (survival[1:] + survival[:-1]) / 2)))
+        held = np.empty_like(back)
+        held[0] = 0.0
+        np.cumsum(self._steps * (survival[1:] + survival[:-1]) / 2, out=held[1:])
         return back * self.recompute_cost_s(tokens) - self.hold_cost_rate(tokens, resident_fraction) * held
 
     @property

@@ -1,10 +1,12 @@
 """Final answers (replies without tool calls): end-of-session leases, human-paced sessions."""
 
+import numpy as np
 import pytest
 from policy_helpers import FakeClock, on_store
 
 from sidecar.policy import EngineCapacity, TurnEnd, build_policy
-from sidecar.policy.final_answers import FinalAnswerStats
+from sidecar.policy.distribution import GapDistribution, LogTimeGrid
+from sidecar.policy.final_answers import FinalAnswerStats, with_chance_of_return
 from sidecar.policy.predictor import ReturnTimePredictor, SessionGapStats
 from sidecar.policy.settings import PolicySettings
 from sidecar.settings import load_settings
@@ -95,3 +97,17 @@ def test_return_probability_after_final_answers():
     assert stats.p_return(4, 4.0) > 0.5  # this one came back four times: human-paced
     stats.returned(retracted_end=True)  # one that ended came back after all
     assert stats.ends == 7 and stats.returns == 1
+
+
+def test_with_chance_of_return_is_the_mixture_with_never_back():
+    """Built without a "never back" array: the same bits as p * pmf + (1 - p) * never."""
+    grid = LogTimeGrid()
+    dist = GapDistribution(grid, grid.lognormal_pmf(3.0, 1.2), 1.7)
+    for p in (0.0, 0.3, 0.77, 1.0):
+        never = np.zeros(grid.size)
+        never[grid.overflow] = 1.0
+        old = GapDistribution(grid, p * dist.pmf + (1.0 - p) * never, dist.scale)
+        new = with_chance_of_return(dist, p)
+        np.testing.assert_array_equal(new.pmf, old.pmf)
+        np.testing.assert_array_equal(new._cdf_at_edges, old._cdf_at_edges)
+        assert new.scale == old.scale

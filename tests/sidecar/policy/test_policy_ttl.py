@@ -72,3 +72,17 @@ def test_recompute_cost_is_superlinear():
     r = rule(recompute_quadratic_tokens=65536)
     assert r.recompute_cost_s(131072) > 2 * r.recompute_cost_s(65536)
     assert rule(recompute_quadratic_tokens=0).recompute_cost_s(2000) == pytest.approx(2000 * 5e-5)
+
+
+def test_expected_saving_is_the_trapezoid_formula():
+    """The time steps are computed once per rule: the same bits as differencing them per lease."""
+    import numpy as np
+
+    rule = LeaseTtlRule(PolicySettings(mode="predictive"))
+    dist = mixture([(0.6, 2.0), (0.3, 40.0)], never=0.1)
+    for elapsed, pressure in ((0.0, 0.0), (1.5, 0.4)):
+        back = np.asarray(dist.p_back_within(rule.times, elapsed))
+        survival = 1.0 - back
+        held = np.concatenate(([0.0], np.cumsum(np.diff(rule.times) * (survival[1:] + survival[:-1]) / 2)))
+        old = back * rule.recompute_cost_s(20_000) - rule.hold_cost_rate(20_000, pressure) * held
+        np.testing.assert_array_equal(rule.expected_saving(dist, 20_000, elapsed, pressure), old)
