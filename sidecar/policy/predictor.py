@@ -23,6 +23,7 @@ observation is taken back and the true gap learned instead.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import OrderedDict, deque
 from collections.abc import Iterable
@@ -36,6 +37,7 @@ from sidecar.policy.settings import PolicySettings
 NO_TOOL = "(none)"
 MAX_TOOL_NAME_CHARS = 64
 MAX_SESSION_SCALE = 20.0
+_VERSIONS = itertools.count(1)  # one number per histogram state, unique across histograms
 
 
 def context_bucket(context_tokens: int) -> int:
@@ -50,24 +52,30 @@ def tool_keys(tool_names: Iterable[str]) -> tuple[str, ...]:
 
 
 class DecayedHistogram:
-    """Bin weights where each new observation first scales the old ones by ``decay``."""
+    """Bin weights where each new observation first scales the old ones by ``decay``.
 
-    __slots__ = ("counts", "decay", "updates")
+    ``version`` changes with every change of ``counts`` and is never reused (not even by another
+    histogram): what was computed from a histogram stays valid while its version is the same."""
+
+    __slots__ = ("counts", "decay", "updates", "version")
 
     def __init__(self, size: int, decay: float):
         self.counts = np.zeros(size)
         self.decay = decay
         self.updates = 0
+        self.version = next(_VERSIONS)
 
     def add(self, mass: np.ndarray) -> None:
         self.counts *= self.decay
         self.counts += mass
         self.updates += 1
+        self.version = next(_VERSIONS)
 
     def remove(self, mass: np.ndarray, added_at_update: int) -> None:
         """Take back ``mass`` added when ``updates`` was ``added_at_update`` (decayed since)."""
         self.counts -= mass * self.decay ** (self.updates - added_at_update)
         np.maximum(self.counts, 0.0, out=self.counts)
+        self.version = next(_VERSIONS)
 
     @property
     def total(self) -> float:
@@ -125,6 +133,17 @@ class ReturnTimePredictor:
         self._tools: OrderedDict[str, DecayedHistogram] = OrderedDict()
         self._global_mix: dict[str, float] = {}
         self._mix_by_context: dict[int, dict[str, float]] = {}
+        self._mix_version = 0  # bumped with every change of the two mix tables
+        # Reads are cached (histograms change only when an observation settles, reads come several
+        # per turn and per idle session): per tool, (its version, the global one or None, shrunk
+        # pmf, distribution at scale 1); per context bucket, ((global version, mix version),
+        # mixture). A session's speed factor is applied on top (GapDistribution.scaled).
+        self._shapes: dict[str, list] = {}
+        self._global_shape: list | None = None
+        self._final_answer_shape = (self._final_answer_prior, GapDistribution(self.grid, self._final_answer_prior))
+        self._mixtures: dict[int | None, tuple[tuple[int, int], GapDistribution]] = {}
+        self._prior.flags.writeable = False
+        self._final_answer_prior.flags.writeable = False
         self.observations = 0
         # observe() only queues; the histogram arithmetic runs, in order, before the predictor is
         # next read (every public method settles first), so results are the same as learning at
@@ -136,21 +155,28 @@ class ReturnTimePredictor:
         """Gap after a reply that asked for ``tool_names`` ([] = no tool)."""
         self.settle()
         key = self._dominant_key(tool_keys(tool_names))
-        return GapDistribution(self.grid, self._key_pmf(key), self._scale(session, key == NO_TOOL))
+        return self._key_shape(key)[1].scaled(self._scale(session, key == NO_TOOL))
 
     def next_reply_distribution(
         self, session: SessionGapStats | None = None, context_tokens: int | None = None
     ) -> GapDistribution:
         """Gap after the coming reply, whose tool calls are not known yet."""
         self.settle()
+        bucket = context_bucket(context_tokens) if context_tokens else None
+        # every change of a tool histogram comes with one of the global histogram (_learn, retract)
+        signature = (self._global.version, self._mix_version)
+        cached = self._mixtures.get(bucket)
+        if cached is None or cached[0] != signature:
+            cached = self._mixtures[bucket] = (signature, self._mixture(context_tokens))
+        return cached[1].scaled(self._scale(session))
+
+    def _mixture(self, context_tokens: int | None) -> GapDistribution:
         weights = {k: w for k, w in self._population_mix(context_tokens).items() if w > 0 and k in self._tools}
         total = sum(weights.values())
-        global_pmf = self._global_pmf()
         if total <= 0:
-            pmf = global_pmf
-        else:
-            pmf = sum(w / total * self._key_pmf(k, global_pmf) for k, w in weights.items())
-        return GapDistribution(self.grid, pmf, self._scale(session))
+            return self._global_pmf_and_shape()[1]
+        pmf = sum(w / total * self._key_entry(k, self._tools[k])[2] for k, w in weights.items())
+        return GapDistribution(self.grid, pmf)
 
     def _population_mix(self, context_tokens: int | None) -> dict[str, float]:
         """P(next reply's dominant tool = k) across sessions, given the context size if known."""
@@ -212,7 +238,7 @@ class ReturnTimePredictor:
         scale = self._scale(session, final_answer)
         base_gap = max(gap_s, 0.0) / scale
         if session is not None:
-            median = GapDistribution(self.grid, self._key_pmf(dominant)).median()
+            median = self._key_shape(dominant)[1].median()
             if math.isfinite(median) and median > 0:
                 clamped = min(max(gap_s, self.grid.min_s), self.grid.horizon_s)
                 session.learn_shift(final_answer, math.log(clamped / median), self.decay)
@@ -257,6 +283,7 @@ class ReturnTimePredictor:
         return added
 
     def _count_mix(self, dominant: str, context_tokens: int | None) -> None:
+        self._mix_version += 1
         for k in self._global_mix:
             self._global_mix[k] *= self.decay
         self._global_mix[dominant] = self._global_mix.get(dominant, 0.0) + 1.0
@@ -271,34 +298,65 @@ class ReturnTimePredictor:
         self._tools[key] = hist
         while len(self._tools) > self.settings.max_tools:
             dropped, _ = self._tools.popitem(last=False)
+            self._shapes.pop(dropped, None)
+            self._mix_version += 1
             self._global_mix.pop(dropped, None)
             for bucket in self._mix_by_context.values():
                 bucket.pop(dropped, None)
         return hist
 
-    def _global_pmf(self) -> np.ndarray:
-        k0 = self.settings.prior_weight
-        total = self._global.total
-        if total + k0 <= 0:
-            return self._prior.copy()
-        return (self._global.counts + k0 * self._prior) / (total + k0)
+    def _global_pmf_and_shape(self) -> tuple[np.ndarray, GapDistribution]:
+        """The global histogram shrunk toward the prior, and its distribution (cached)."""
+        entry = self._global_entry()
+        if entry[2] is None:
+            entry[2] = GapDistribution(self.grid, entry[1])
+        return entry[1], entry[2]
 
-    def _key_pmf(self, key: str, global_pmf: np.ndarray | None = None) -> np.ndarray:
-        if key == NO_TOOL:  # a person reads a final answer: human-paced, not like the tools
-            global_pmf = self._final_answer_prior
-        elif global_pmf is None:
-            global_pmf = self._global_pmf()
+    def _global_entry(self) -> list:
+        """[global version, shrunk pmf, distribution or None (built on the first read)]."""
+        entry = self._global_shape
+        if entry is None or entry[0] != self._global.version:
+            k0 = self.settings.prior_weight
+            total = self._global.total
+            if total + k0 <= 0:
+                pmf = self._prior
+            else:
+                pmf = (self._global.counts + k0 * self._prior) / (total + k0)
+                pmf.flags.writeable = False
+            entry = self._global_shape = [self._global.version, pmf, None]
+        return entry
+
+    def _key_shape(self, key: str) -> tuple[np.ndarray, GapDistribution]:
+        """A tool's histogram shrunk toward the global pmf (final answers: toward their own prior),
+        and its distribution at scale 1; cached until either histogram changes."""
         hist = self._tools.get(key)
         if hist is None:
-            return global_pmf
+            return self._final_answer_shape if key == NO_TOOL else self._global_pmf_and_shape()
+        entry = self._key_entry(key, hist)
+        if entry[3] is None:  # built on the first read: a mixture needs the pmfs only
+            entry[3] = GapDistribution(self.grid, entry[2])
+        return entry[2], entry[3]
+
+    def _key_entry(self, key: str, hist: DecayedHistogram) -> list:
+        """[tool version, global version (None: final answers), shrunk pmf, distribution or None]."""
+        base = None if key == NO_TOOL else self._global.version
+        entry = self._shapes.get(key)
+        if entry is not None and entry[0] == hist.version and entry[1] == base:
+            return entry
         k1 = self.settings.tool_shrinkage
         total = hist.total
-        if total + k1 <= 0:
-            return global_pmf
-        return (hist.counts + k1 * global_pmf) / (total + k1)
+        if total + k1 <= 0:  # nothing of its own: the prior's
+            pmf, shape = self._final_answer_shape if key == NO_TOOL else self._global_pmf_and_shape()
+        else:
+            # a person reads a final answer: human-paced, not like the tools
+            prior = self._final_answer_prior if key == NO_TOOL else self._global_entry()[1]
+            pmf, shape = (hist.counts + k1 * prior) / (total + k1), None
+            pmf.flags.writeable = False
+        entry = self._shapes[key] = [hist.version, base, pmf, shape]
+        return entry
 
     def _dominant_key(self, keys: tuple[str, ...]) -> str:
         if len(keys) == 1:
             return keys[0]
-        medians = {k: GapDistribution(self.grid, self._key_pmf(k)).median() for k in keys}
+        medians = {k: self._key_shape(k)[1].median() for k in keys}
         return max(keys, key=lambda k: (medians[k], k))

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from sidecar.policy.distribution import GapDistribution
 from sidecar.policy.predictor import (
     NO_TOOL,
     ReturnTimePredictor,
@@ -174,3 +175,161 @@ def test_learning_queued_until_read_predicts_exactly_as_learning_at_once():
             lazy.next_reply_distribution(stats_lazy[s], 4000).pmf, eager.next_reply_distribution(stats_eager[s], 4000).pmf
         )
     assert lazy.known_tools() == eager.known_tools()
+
+
+# --- cached reads: the same numbers as computing each read afresh (the code before the caches) ---
+
+
+def _old_global_pmf(p):
+    k0 = p.settings.prior_weight
+    total = p._global.total
+    if total + k0 <= 0:
+        return p._prior.copy()
+    return (p._global.counts + k0 * p._prior) / (total + k0)
+
+
+def _old_key_pmf(p, key, global_pmf=None):
+    if key == NO_TOOL:
+        global_pmf = p._final_answer_prior
+    elif global_pmf is None:
+        global_pmf = _old_global_pmf(p)
+    hist = p._tools.get(key)
+    if hist is None:
+        return global_pmf
+    k1 = p.settings.tool_shrinkage
+    total = hist.total
+    if total + k1 <= 0:
+        return global_pmf
+    return (hist.counts + k1 * global_pmf) / (total + k1)
+
+
+def _old_distribution(p, tools, session):
+    keys = tool_keys(tools)
+    if len(keys) == 1:
+        key = keys[0]
+    else:
+        medians = {k: GapDistribution(p.grid, _old_key_pmf(p, k)).median() for k in keys}
+        key = max(keys, key=lambda k: (medians[k], k))
+    return GapDistribution(p.grid, _old_key_pmf(p, key), p._scale(session, key == NO_TOOL))
+
+
+def _old_next_reply(p, session, context_tokens):
+    weights = {k: w for k, w in p._population_mix(context_tokens).items() if w > 0 and k in p._tools}
+    total = sum(weights.values())
+    global_pmf = _old_global_pmf(p)
+    if total <= 0:
+        pmf = global_pmf
+    else:
+        pmf = sum(w / total * _old_key_pmf(p, k, global_pmf) for k, w in weights.items())
+    return GapDistribution(p.grid, pmf, p._scale(session))
+
+
+_TIMES = [0.0, 0.004, 0.01, 0.05, 0.3, 1.0, 2.5, 9.0, 40.0, 300.0, 3000.0, 5000.0]
+
+
+def _assert_same(new, old):
+    np.testing.assert_array_equal(new.pmf, old.pmf)
+    np.testing.assert_array_equal(new._cdf_at_edges, old._cdf_at_edges)
+    assert new.scale == old.scale
+    np.testing.assert_array_equal(new.cdf(np.array(_TIMES)), old.cdf(np.array(_TIMES)))
+    for t in _TIMES:
+        assert new.cdf(t) == old.cdf(t)
+        for q in (0.05, 0.2, 0.5, 0.9):
+            assert new.quantile(q, t) == old.quantile(q, t)
+
+
+def test_cached_reads_equal_a_fresh_computation_through_any_sequence_of_learning():
+    """Reads come from caches kept per tool and per context size; through a random mix of gaps,
+    censored sessions, retractions, several-tool replies, final answers and tools dropped for
+    room, every read must be exactly what computing it afresh gives (the code before the caches),
+    also right after the caches are emptied."""
+    p = ReturnTimePredictor(PolicySettings(mode="predictive", half_life_obs=15, max_tools=6))
+    rng = np.random.default_rng(11)
+    names = [f"t{i}" for i in range(9)]
+    sessions = [SessionGapStats() for _ in range(4)]
+    marks = []
+    reads = 0
+
+    def tools():
+        r = rng.random()
+        if r < 0.15:
+            return []
+        if r < 0.3:
+            return list(rng.choice(names, 2, replace=False))
+        return [names[int(rng.integers(len(names)))]]
+
+    for step in range(1500):
+        r = rng.random()
+        session = sessions[int(rng.integers(4))] if rng.random() < 0.8 else None
+        context = int(rng.choice([0, 3000, 9000, 70_000]))
+        if r < 0.35:
+            p.observe(tools(), float(rng.lognormal(0.0, 1.5)), session, context_tokens=context or None)
+        elif r < 0.42:
+            marks.append(p.observe_censored(tools(), context_tokens=context or None))
+        elif r < 0.47 and marks:
+            p.retract(marks.pop(int(rng.integers(len(marks)))))
+        elif r < 0.75:
+            asked = tools()
+            _assert_same(p.distribution(asked, session), _old_distribution(p, asked, session))
+            reads += 1
+        else:
+            _assert_same(p.next_reply_distribution(session, context or None), _old_next_reply(p, session, context or None))
+            reads += 1
+        if step % 250 == 249:
+            before = {tuple(n): p.distribution(n, sessions[0]) for n in ([], ["t1"], ["t2", "t3"])}
+            p._shapes.clear()
+            p._mixtures.clear()
+            p._global_shape = None
+            for n, dist in before.items():
+                _assert_same(dist, p.distribution(list(n), sessions[0]))
+    assert reads > 600
+
+
+def test_a_cached_distribution_changes_once_an_observation_settles():
+    """The caches cannot go stale: a read after a gap is learned (or a censored session counted, or
+    taken back) sees it, for the tool itself, the tools shrunk toward the global histogram, final
+    answers and the mixture before a reply; a session's speed factor applies to a cached shape."""
+    p = ReturnTimePredictor(PolicySettings(mode="predictive", half_life_obs=30))
+    for _ in range(20):
+        p.observe(["bash"], 1.0, context_tokens=5000)
+        p.observe(["edit"], 0.2, context_tokens=5000)
+        p.observe([], 10.0, context_tokens=5000)
+
+    def reads():
+        return [p.distribution(["bash"]), p.distribution(["edit"]), p.distribution([]),
+                p.next_reply_distribution(None, 5000), p.next_reply_distribution()]
+
+    def changed(a, b):
+        return [not np.array_equal(x.pmf, y.pmf) for x, y in zip(a, b)]
+
+    first = reads()
+    assert changed(first, reads()) == [False] * 5  # nothing learned: the same
+    p.observe(["bash"], 30.0, context_tokens=5000)
+    second = reads()
+    assert changed(first, second) == [True, True, False, True, True]  # final answers: their own prior
+    assert second[0].median() > first[0].median()
+    p.observe([], 200.0)
+    third = reads()
+    assert changed(second, third) == [True, True, True, True, True]
+    mark = p.observe_censored(["edit"], 5000)
+    fourth = reads()
+    assert changed(third, fourth) == [True, True, False, True, True]
+    assert fourth[1].p_back_ever < third[1].p_back_ever
+    p.retract(mark)
+    assert changed(fourth, reads()) == [True, True, False, True, True]
+    slow = SessionGapStats()
+    for _ in range(10):
+        p.observe(["bash"], 40.0, slow)
+    assert p.distribution(["bash"], slow).median() > 2 * p.distribution(["bash"]).median()
+    assert p.distribution(["bash"], slow).pmf is p.distribution(["bash"]).pmf  # one shape, two scales
+
+
+def test_cached_arrays_are_read_only():
+    """Reads share one cached shape: a caller writing into it would change every later read."""
+    p = ReturnTimePredictor(PolicySettings(mode="predictive"))
+    p.observe(["bash"], 1.0)
+    dist = p.distribution(["bash"])
+    with pytest.raises(ValueError):
+        dist.pmf[0] = 1.0
+    with pytest.raises(ValueError):
+        p.next_reply_distribution()._cdf_at_edges[1] = 0.5
