@@ -111,6 +111,10 @@ class SGLangTree:
     def host_capacity_tokens(self) -> int:
         return int(self.cache.cache_controller.mem_pool_host.size)
 
+    def host_available_tokens(self) -> int:
+        """Free host-pool tokens (what SGLang's backups may take before it evicts host KV)."""
+        return int(self.cache.cache_controller.mem_pool_host.available_size())
+
     def write_policy(self) -> str:
         return str(self.cache.cache_controller.write_policy)
 

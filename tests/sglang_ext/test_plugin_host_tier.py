@@ -251,6 +251,27 @@ def test_a_due_session_is_locked_then_released_when_overdue(kit, plugin, tiered)
     assert mgr.metrics.get("tier_changes", to="soft") == 1
 
 
+def test_host_short_locks_a_due_backed_up_session_only_while_the_host_tier_is_short(kit, plugin, tiered):
+    """``lock_due_backed_up = "host_short"`` on SGLang's real HiCache: with a host pool
+    twice the GPU pool and nearly empty, a due session's backed-up KV stays evictable (a reload at
+    worst); once the host's free tokens drop below the GPU pool (more copies would evict host KV)
+    the same due session locks."""
+    cache, mgr = tiered(gpu=512, host=1024, reload_margin_s=0.1, lock_due_backed_up="host_short")
+    finish_leased(kit, cache, mgr, Session("A", 1000), ttl=60, expect=2.0)
+    mgr.on_tick(1.0)
+    mgr.on_tick(2.95)  # due, all on the GPU and backed up
+    assert not mgr.host.host_is_short()
+    assert mgr.table.get("A").tier == "soft" and cache.protected_size() == 0
+    host = cache.cache_controller.mem_pool_host
+    taken = host.alloc(host.available_size() - 511)  # other sessions' copies fill the host
+    assert mgr.host.host_is_short()
+    mgr.on_tick(2.96)
+    assert mgr.table.get("A").tier == "hard" and cache.protected_size() == PROMPT + OUT
+    host.free(taken)
+    mgr.on_tick(2.97)  # room on host again: the lock goes, the lease stays
+    assert mgr.table.get("A").tier == "soft" and cache.protected_size() == 0
+
+
 class ChunkingScheduler(Scheduler):
     """A scheduler in the middle of a chunked prefill (SGLang continues it with a whole chunk)."""
 
