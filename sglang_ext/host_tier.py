@@ -106,7 +106,8 @@ class HostTier:
         if self.settings.lock_due_backed_up != tiers.HOST_SHORT:
             return True
         tree = self.tree
-        return tiers.host_short(tree.host_available_tokens(), tree.capacity_tokens())
+        leased = tree.distinct_path_tokens(lease.node_id for lease in self.table.leases())
+        return tiers.host_short(tree.host_capacity_tokens(), leased, tree.capacity_tokens())
 
     def tier_for_grant(self, lease: Lease, busy: bool = False) -> str:
         state = self.tree.path_state(lease.node_id)

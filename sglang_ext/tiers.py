@@ -52,11 +52,12 @@ def in_window(window: tuple[float, float] | None, now: float | None) -> bool:
     return window is not None and now is not None and window[0] <= now <= window[1]
 
 
-def host_short(host_free_tokens: int, gpu_tokens: int) -> bool:
-    """The host tier is short: it cannot take one more GPU pool's worth of copies without
-    evicting host KV, so a backed-up session whose GPU copy goes may lose its host copy too
-    before it returns (a recompute, not a reload)."""
-    return host_free_tokens < gpu_tokens
+def host_short(host_tokens: int, leased_tokens: int, gpu_tokens: int) -> bool:
+    """The host tier is short: beside the leased sessions' KV it cannot hold one more GPU pool's
+    worth of copies, so a backed-up session whose GPU copy goes may lose its host copy too before
+    it returns (a recompute, not a reload). Host KV no lease covers does not count: the host
+    evicts it first (``order.eviction_key``), as it fills with copies of sessions that ended."""
+    return host_tokens - leased_tokens < gpu_tokens
 
 
 def wants_hard(

@@ -60,7 +60,7 @@ def test_host_short_locks_backed_up_kv_only_while_the_host_tier_is_short():
     never = S.model_copy(update={"lock_due_backed_up": False})
     assert tiers.wants_hard(due, on_gpu, 9.5, S, host_is_short=False)
     assert not tiers.wants_hard(due, on_gpu, 9.5, never, host_is_short=True)
-    assert tiers.host_short(399, 400) and not tiers.host_short(400, 400)
+    assert tiers.host_short(1200, 801, 400) and not tiers.host_short(1200, 800, 400)
 
 
 @pytest.mark.parametrize("value", [True, False, "host_short"])

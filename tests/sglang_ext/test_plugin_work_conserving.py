@@ -146,7 +146,7 @@ def test_a_refused_pass_says_when_leased_kv_is_locked_by_running_requests_anyway
 
 
 # ---- lock_due_backed_up = "host_short": a backed-up lease locks only while the host tier is short
-# (its free tokens < the GPU pool); with room on host it only orders eviction
+# (beside the leased KV it cannot hold another GPU pool); with room on host it only orders eviction
 
 
 def test_with_room_on_host_a_backed_up_lease_never_keeps_a_waiting_request_from_fitting(
@@ -184,4 +184,3 @@ def test_with_the_host_tier_short_a_due_backed_up_lease_locks(plugin, tiered_eng
     engine = tiered_engine(400, host_ratio=1, lock_due_backed_up="host_short")
     mgr = due_leases(engine, requests, plugin)  # both hard, backed up
     assert mgr.host.host_is_short()
-    assert mgr.tree.host_available_tokens() < mgr.tree.capacity_tokens()
