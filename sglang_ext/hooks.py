@@ -405,20 +405,49 @@ def _yield_for_blocked(scheduler: Any, mgr: LeaseManager, state: PassState, runn
     need = _prefill_need(mgr, head)
     state.blocked_need = need
     # SGLang's PrefillBudget: free + evictable, less what the running requests may still decode
-    deficit = need + _running_reservation(scheduler, running_batch) - mgr.tree.headroom_tokens()
-    if deficit <= 0:
-        outcome = "fits"
-    elif not mgr.has_hard():
+    reservation = _running_reservation(scheduler, running_batch)
+    headroom = mgr.tree.headroom_tokens()
+    deficit = need + reservation - headroom
+    hard_before = mgr.hard_tokens()
+    gained = 0
+    if not mgr.has_hard():
         outcome = "no_hard_leases"
-    elif mgr.host.yield_room("prefill", deficit, _busy_sessions(scheduler)) > 0:
+    # SGLang refused it: its budget has the last word even where this estimate says it fits (the
+    # refused request then waits until a running one finishes), so yield at least its whole need
+    elif (gained := mgr.host.yield_room("prefill", max(deficit, need), _busy_sessions(scheduler))) > 0:
         outcome = "yielded"
         if running_batch is not None and hasattr(running_batch, "batch_is_full"):
             running_batch.batch_is_full = False
+    elif deficit <= 0:
+        outcome = "fits"
     elif any(mgr.tree.path_state(lease.node_id).unbacked_tokens for lease in mgr.table.leases(HARD)):
         outcome = "unbacked"
     else:
         outcome = "in_use"
     mgr.metrics.inc("blocked_passes", outcome=outcome)
+    _log_blocked_pass(
+        scheduler, outcome, need=need, reservation=reservation, headroom=headroom, hard=hard_before, gained=gained
+    )
+
+
+_last_blocked_log = [0.0]
+
+
+def _log_blocked_pass(scheduler: Any, outcome: str, **figures: int) -> None:
+    """One line a second at most: what a refused prefill pass saw, to read beside SGLang's
+    decode log (why a request waits while the pool has room)."""
+    now = time.monotonic()
+    if now - _last_blocked_log[0] < 1.0:
+        return
+    _last_blocked_log[0] = now
+    running = getattr(getattr(scheduler, "running_batch", None), "reqs", None) or ()
+    logger.info(
+        "sglang_ext: prefill refused for KV (%s): %s, running %d, queued %d",
+        outcome,
+        ", ".join(f"{k} {v}" for k, v in figures.items()),
+        len(running),
+        len(scheduler.waiting_queue),
+    )
 
 
 @_guarded

@@ -10,7 +10,8 @@ claims of the GPU KV (``claimed``) is told by the hooks, which see the scheduler
   KV with a host copy before KV without; within each, KV no lease expects back (LRU) before
   leased KV, and leased KV of the session expected back latest first.
 * **Tiers** (``retier``, every clock tick): a lease is hard (locked) only while
-  ``tiers.wants_hard`` says so, soft otherwise, within the hard-lease bound.
+  ``tiers.wants_hard`` says so, soft otherwise, within the hard-lease bound. With
+  ``lock_due_backed_up = "host_short"`` KV backed up on host is locked only while the host tier is short.
 * **Prefetch** (``after_prefill_pass``): once a session's expected return is a reload
   (+ margin) away, its host-only KV is loaded back through SGLang's ``load_back`` and locked,
   if free KV or KV less valuable than it makes the room; a batch that matched KV whose load is
@@ -99,9 +100,19 @@ class HostTier:
         return best
 
     # --------------------------------------------------------------------- tiers
+    def host_is_short(self) -> bool:
+        """``tiers.host_short`` of this cache's host pool and GPU pool (read only by the
+        ``host_short`` rule; every rank's pools hold the same, so all ranks agree)."""
+        if self.settings.lock_due_backed_up != tiers.HOST_SHORT:
+            return True
+        tree = self.tree
+        leased = tree.distinct_path_tokens(lease.node_id for lease in self.table.leases())
+        return tiers.host_short(tree.host_capacity_tokens(), leased, tree.capacity_tokens())
+
     def tier_for_grant(self, lease: Lease, busy: bool = False) -> str:
         state = self.tree.path_state(lease.node_id)
-        return HARD if tiers.wants_hard(lease, state, self.table.clock, self.settings, busy) else SOFT
+        want = tiers.wants_hard(lease, state, self.table.clock, self.settings, busy, self.host_is_short())
+        return HARD if want else SOFT
 
     def retier(self, busy: set[str] | frozenset[str]) -> None:
         """Re-decide every lease's tier at the current lease clock (the manager dropped the leases
@@ -115,9 +126,10 @@ class HostTier:
         # never the room a queued request is waiting for
         spare = self.tree.headroom_tokens() - self.claimed()
         changed, nxt, window_open = False, None, []
+        short = self.host_is_short()
         for lease in self.table.leases():
             state = tree.path_state(lease.node_id)
-            want = tiers.wants_hard(lease, state, now, settings, lease.session_id in busy)
+            want = tiers.wants_hard(lease, state, now, settings, lease.session_id in busy, short)
             if lease.hard and not want:
                 self._soften(lease)
                 self.metrics.inc("tier_changes", to=SOFT)

@@ -82,7 +82,7 @@ METRIC_SPECS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
             "could do: yielded (backed-up hard leases unlocked), in_use (every backed-up hard lease's "
             "KV is also locked by requests: unlocking frees nothing), unbacked (the rest has no host "
             "copy), no_hard_leases (leases hold nothing; the room is the running batch's), "
-            "fits (free + evictable KV would hold it: refused for SGLang's own reserve)."
+            "fits (free + evictable KV would hold it by the plugin's estimate and no backed-up hard lease could yield)."
         ),
         ("outcome",),
     ),

@@ -9,11 +9,12 @@ silently running with defaults. No sglang import here.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 POLICY_NAME = "session_ttl"
+HOST_SHORT = "host_short"  # lock_due_backed_up: lock backed-up KV only while the host tier is short
 
 
 class SessionTTLSettings(BaseModel):
@@ -88,11 +89,17 @@ class SessionTTLSettings(BaseModel):
         description="Added to the reload time: a session expected back within reload time + this "
         "keeps its KV locked on the GPU, and a prefetch starts that long before the expected return.",
     )
-    lock_due_backed_up: bool = Field(
+    lock_due_backed_up: bool | Literal["host_short"] = Field(
         True,
         description="With HiCache: lock a lease whose KV is all on the GPU and backed up on host while "
-        "its session is due back (the reload window) or has a request waiting. False: such KV stays "
-        "evictable (a reload if it goes) and only KV without a host copy is ever locked.",
+        "its session is due back (the reload window) or has a request waiting. True (default): whatever "
+        "the host holds. \"host_short\": only while the host tier is short (its free tokens < the GPU "
+        "pool: one more pool of copies evicts host KV, so a backed-up session may lose both copies before "
+        "it returns); with room on host a backed-up lease only orders eviction (soft): losing its GPU copy "
+        "costs a reload, and a lock would count its KV as used while a request waits for the room. In the "
+        "simulator it leaves the ratio-1 rows identical to true and meets no more of the ratio-3 "
+        "no-harm targets than true (benchmarks/results/sim/no-harm-2026-12-02-c). False: never (only KV without a "
+        "host copy is ever locked).",
     )
     prefetch: bool = Field(
         False,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .lease_table import Lease
-from .settings import SessionTTLSettings
+from .settings import HOST_SHORT, SessionTTLSettings
 
 
 @dataclass(frozen=True)
@@ -52,16 +52,31 @@ def in_window(window: tuple[float, float] | None, now: float | None) -> bool:
     return window is not None and now is not None and window[0] <= now <= window[1]
 
 
+def host_short(host_tokens: int, leased_tokens: int, gpu_tokens: int) -> bool:
+    """The host tier is short: beside the leased sessions' KV it cannot hold one more GPU pool's
+    worth of copies, so a backed-up session whose GPU copy goes may lose its host copy too before
+    it returns (a recompute, not a reload). Host KV no lease covers does not count: the host
+    evicts it first (``order.eviction_key``), as it fills with copies of sessions that ended."""
+    return host_tokens - leased_tokens < gpu_tokens
+
+
 def wants_hard(
-    lease: Lease, state: PathState, now: float | None, settings: SessionTTLSettings, busy: bool = False
+    lease: Lease,
+    state: PathState,
+    now: float | None,
+    settings: SessionTTLSettings,
+    busy: bool = False,
+    host_is_short: bool = True,
 ) -> bool:
     """Lock the lease's KV: some of it has no host copy, or its session is due (or has a request
-    waiting, ``busy``) and all of it is on the GPU."""
+    waiting, ``busy``), all of it is on the GPU and (``lock_due_backed_up = "host_short"``) the
+    host tier is short (``host_is_short``: see ``host_short``)."""
     if state.unbacked_tokens > 0:
         return True
     if state.host_only_tokens > 0:
         return False  # part of it is on host already: a lock would not keep a reload away
-    if not settings.lock_due_backed_up:
+    mode = settings.lock_due_backed_up
+    if mode is False or (mode == HOST_SHORT and not host_is_short):
         return False
     return busy or in_window(critical_window(lease, state.tokens, now, settings), now)
 

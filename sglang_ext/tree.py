@@ -12,7 +12,7 @@ calls) and ``ongoing_load_back`` (what ``loading_check`` reaps).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
@@ -110,6 +110,21 @@ class SGLangTree:
 
     def host_capacity_tokens(self) -> int:
         return int(self.cache.cache_controller.mem_pool_host.size)
+
+    def distinct_path_tokens(self, node_ids: Iterable[int]) -> int:
+        """Tokens of the union of these nodes' paths to the root (a shared prefix counts once)."""
+        seen: set[int] = set()
+        total = 0
+        for node_id in node_ids:
+            try:
+                node = self.cache.tree_core.node_by_id(node_id)
+            except KeyError:
+                continue
+            while node is not None and node.parent is not None and node.id not in seen:
+                seen.add(node.id)
+                total += len(node.key)
+                node = node.parent
+        return total
 
     def write_policy(self) -> str:
         return str(self.cache.cache_controller.write_policy)

@@ -251,6 +251,31 @@ def test_a_due_session_is_locked_then_released_when_overdue(kit, plugin, tiered)
     assert mgr.metrics.get("tier_changes", to="soft") == 1
 
 
+def test_host_short_locks_a_due_backed_up_session_only_while_leased_kv_fills_the_host(kit, plugin, tiered):
+    """``lock_due_backed_up = "host_short"`` on SGLang's real HiCache: while the host holds another
+    GPU pool of copies beside the leased KV, a due session's backed-up KV stays evictable (a reload
+    at worst), however full the host is of copies no lease covers (it evicts those first); once
+    leased KV leaves less room than that, the same due session locks; when that lease ends, the lock
+    goes and the lease stays."""
+    cache, mgr = tiered(gpu=512, host=612, reload_margin_s=0.1, lock_due_backed_up="host_short")
+    finish_leased(kit, cache, mgr, Session("A", 1000), ttl=60, expect=2.0)
+    mgr.on_tick(1.0)
+    mgr.on_tick(2.95)  # due, all on the GPU and backed up; 60 leased tokens: 552 >= 512 of room
+    assert not mgr.host.host_is_short()
+    assert mgr.table.get("A").tier == "soft" and cache.protected_size() == 0
+    host = cache.cache_controller.mem_pool_host
+    taken = host.alloc(host.available_size() - 8)  # copies of sessions that ended fill the host
+    assert not mgr.host.host_is_short()
+    host.free(taken)
+    finish_leased(kit, cache, mgr, Session("B", 3000), ttl=60)  # 120 leased tokens: 492 < 512
+    assert mgr.host.host_is_short()
+    mgr.on_tick(2.96)
+    assert mgr.table.get("A").tier == "hard" and cache.protected_size() >= PROMPT + OUT
+    mgr.close("B")
+    mgr.on_tick(2.97)  # room on host again: the lock goes, the lease stays
+    assert mgr.table.get("A").tier == "soft" and cache.protected_size() == 0
+
+
 class ChunkingScheduler(Scheduler):
     """A scheduler in the middle of a chunked prefill (SGLang continues it with a whole chunk)."""
 

@@ -47,6 +47,32 @@ def test_lock_only_unbacked_or_due_kv_on_the_gpu():
     assert not tiers.wants_hard(due, on_gpu, 10.2, S)  # overdue: released
 
 
+def test_host_short_locks_backed_up_kv_only_while_the_host_tier_is_short():
+    due = lease(2.0, expected_at=10.0)
+    on_gpu = tiers.PathState(device_tokens=500)
+    unbacked = tiers.PathState(device_tokens=500, unbacked_tokens=20)
+    short = S.model_copy(update={"lock_due_backed_up": "host_short"})
+    assert tiers.wants_hard(due, on_gpu, 9.5, short, host_is_short=True)
+    assert not tiers.wants_hard(due, on_gpu, 9.5, short, host_is_short=False)  # a reload at worst
+    assert not tiers.wants_hard(due, on_gpu, 9.5, short, busy=True, host_is_short=False)
+    assert tiers.wants_hard(due, unbacked, 9.5, short, host_is_short=False)  # a recompute otherwise
+    assert S.lock_due_backed_up is True  # the default: whatever the host holds
+    never = S.model_copy(update={"lock_due_backed_up": False})
+    assert tiers.wants_hard(due, on_gpu, 9.5, S, host_is_short=False)
+    assert not tiers.wants_hard(due, on_gpu, 9.5, never, host_is_short=True)
+    assert tiers.host_short(1200, 801, 400) and not tiers.host_short(1200, 800, 400)
+
+
+@pytest.mark.parametrize("value", [True, False, "host_short"])
+def test_lock_due_backed_up_accepts_its_three_values(value):
+    assert SessionTTLSettings.from_policy_config({"lock_due_backed_up": value}).lock_due_backed_up == value
+
+
+def test_lock_due_backed_up_rejects_other_strings():
+    with pytest.raises(ValueError, match="lock_due_backed_up"):
+        SessionTTLSettings.from_policy_config({"lock_due_backed_up": "sometimes"})
+
+
 def test_prefetch_is_due_a_reload_of_the_host_part_before_the_return():
     host = tiers.PathState(device_tokens=100, host_only_tokens=400)  # 0.4 s + 0.1 s margin
     assert not tiers.wants_prefetch(lease(2.0, expected_at=10.0), host, 9.4, S)

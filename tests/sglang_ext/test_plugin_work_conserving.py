@@ -21,15 +21,15 @@ def toks(base: int, n: int) -> list[int]:
 
 @pytest.fixture
 def tiered_engine(plugin):
-    """A SimEngine on a session_ttl cache with SGLang's host tier (3x the GPU pool)."""
+    """A SimEngine on a session_ttl cache with SGLang's host tier (``host_ratio`` x the GPU pool)."""
     from sidecar_tools.simulator.engine import SimEngine
     from sidecar_tools.simulator.hicache_cpu import HostTierArgs
 
-    def make(kv_tokens: int, **config):
+    def make(kv_tokens: int, host_ratio: float = 3, **config):
         return SimEngine(kv_tokens=kv_tokens, policy="session_ttl",
                          policy_config={"max_leased_fraction": 0.9, **config},
                          max_running_requests=64, context_length=4096, max_jump_steps=1,
-                         host_tier=HostTierArgs(size_tokens=3 * kv_tokens))
+                         host_tier=HostTierArgs(size_tokens=int(host_ratio * kv_tokens)))
 
     return make
 
@@ -143,3 +143,44 @@ def test_a_refused_pass_says_when_leased_kv_is_locked_by_running_requests_anyway
     assert mgr.metrics.get("blocked_passes", outcome="in_use") >= 1
     assert mgr.metrics.get("blocked_passes", outcome="yielded") == 0
     assert mgr.table.count("hard") == 2  # nothing to gain: the leases stay as they were
+
+
+# ---- lock_due_backed_up = "host_short": a backed-up lease locks only while the host tier is short
+# (beside the leased KV it cannot hold another GPU pool); with room on host it only orders eviction
+
+
+def test_with_room_on_host_a_backed_up_lease_never_keeps_a_waiting_request_from_fitting(
+        plugin, tiered_engine, requests, admit_step):
+    """Host tier 3x the GPU pool, nearly empty: two sessions due back at once keep their KV on the
+    GPU, leased but unlocked; a request that fits only in their room is admitted in its first pass
+    (no refused pass, no yield), while other work runs; the leases stay (soft)."""
+    engine = tiered_engine(400, lock_due_backed_up="host_short")
+    mgr = plugin.manager_of(engine.cache)
+    for i, name in enumerate("AB"):
+        run_turn(engine, requests, toks(1000 * (i + 1), 100), 10, name, ttl=100, expect=5.0, spread=5.0)
+    for _ in range(3):  # the write-through lands, the lease clock ticks: both sessions are due
+        engine.advance_idle(engine.now + 0.1)
+    assert not mgr.host.host_is_short()
+    assert len(mgr.table) == 2 and mgr.table.count("hard") == 0
+    for lease in mgr.table.leases():
+        state = mgr.tree.path_state(lease.node_id)
+        assert state.unbacked_tokens == 0 and state.host_only_tokens == 0  # on the GPU, backed up
+    running = requests(toks(5000, 20), 100)  # a long decode: it will not free KV soon
+    running.ignore_eos = True
+    engine.submit(running)
+    assert admit_step(engine) == 1
+    big = requests(toks(7000, 200), 10)  # fits only if the leased KV (2 x 110) may be evicted
+    big.ignore_eos = True
+    engine.submit(big)
+    assert admit_step(engine) == 1 and not engine.waiting_queue
+    assert mgr.metrics.total("blocked_passes") == 0 and mgr.metrics.total("yields") == 0
+    assert {l.session_id for l in mgr.table.leases()} <= {"A", "B"}  # leases kept as long as their KV is
+
+
+def test_with_the_host_tier_short_a_due_backed_up_lease_locks(plugin, tiered_engine, requests):
+    """Host tier the size of the GPU pool (--hicache-ratio 1): once it holds the sessions' copies it
+    cannot take another pool of them without evicting host KV, so a due session's backed-up KV is
+    locked on the GPU (losing it there could lose it on both tiers)."""
+    engine = tiered_engine(400, host_ratio=1, lock_due_backed_up="host_short")
+    mgr = due_leases(engine, requests, plugin)  # both hard, backed up
+    assert mgr.host.host_is_short()
