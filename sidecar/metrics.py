@@ -19,6 +19,7 @@ SESSION_STATES = ("generating", "leased", "idle")
 LATENCY_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2.5)
+LOOP_LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
 class _SessionStates(Collector):
@@ -114,6 +115,13 @@ class SidecarMetrics:
             "sidecar_turns_served_elsewhere",
             "Turns smg served on another worker than the session's, even after the sidecar re-read its "
             "listing and sent them again; the session moves to that worker (counted in sessions_rehomed)",
+            registry=r,
+        )
+        self.loop_lag = Histogram(
+            "sidecar_event_loop_lag_seconds",
+            "How late the event loop ran a timer due every 20 ms: the longest any request, stream or "
+            "probe waited for the loop (work that held it, or the GIL, that long)",
+            buckets=LOOP_LAG_BUCKETS,
             registry=r,
         )
         self.engine_up = Gauge(

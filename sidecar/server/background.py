@@ -3,7 +3,8 @@ sessions the policy says are done, releasing their leases in SGLang), the engine
 (``sidecar_engine_up``, and a log line when SGLang stops answering or is back) and the engine info
 refresh (/server_info read again: every second until SGLang told its capacity, then every few
 seconds, so a restarted SGLang is read afresh) and, with smg in front, its worker listing every
-second (workers joining, leaving, unhealthy)."""
+second (workers joining, leaving, unhealthy); and the event loop's own lag
+(``sidecar_event_loop_lag_seconds``: how late a 20 ms timer fires)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ LIFECYCLE_INTERVAL_S = 1.0
 PROBE_INTERVAL_S = 5.0
 ENGINE_INFO_INTERVAL_S = 5.0
 WORKERS_INTERVAL_S = 1.0
+LOOP_PROBE_INTERVAL_S = 0.02
 
 
 def every(interval_s: float, step: Callable[[web.Application], Awaitable[None] | None], what: str):
@@ -43,6 +45,29 @@ def every(interval_s: float, step: Callable[[web.Application], Awaitable[None] |
                 await asyncio.sleep(interval_s)
 
         task = asyncio.create_task(loop())
+        yield
+        task.cancel()
+        with suppress(asyncio.CancelledError):
+            await task
+
+    return context
+
+
+def loop_lag_probe(interval_s: float = LOOP_PROBE_INTERVAL_S):
+    """A cleanup context that sleeps ``interval_s`` over and over and records how late it woke: the
+    lag every request on this loop saw then (50 wake-ups a second, a few microseconds each)."""
+
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        lag = app[keys.METRICS].loop_lag
+
+        async def probe() -> None:
+            loop = asyncio.get_running_loop()
+            while True:
+                due = loop.time() + interval_s
+                await asyncio.sleep(interval_s)
+                lag.observe(max(loop.time() - due, 0.0))
+
+        task = asyncio.create_task(probe())
         yield
         task.cancel()
         with suppress(asyncio.CancelledError):
@@ -87,4 +112,5 @@ def background_contexts() -> list:
         every(PROBE_INTERVAL_S, probe_engine, "engine health probe"),
         every(1.0, refresh_engine_info(), "engine info refresh"),
         every(WORKERS_INTERVAL_S, refresh_workers, "smg worker listing refresh"),
+        loop_lag_probe(),
     ]

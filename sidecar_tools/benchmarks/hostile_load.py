@@ -25,7 +25,9 @@ The attacks run one after another against the one sidecar (``--attack all`` or a
 
 Per attack (from its first request until its last answer + 1 s): the honest agents' TTFT p99
 against the baseline before it (the added p99), honest turns failed, the streaming client's largest
-gap, the /health maximum, what the attackers got back and how many 5xx (connections refused at the
+gap, the sidecar's own event-loop lag (``sidecar_event_loop_lag_seconds`` read before and after: how
+late its 20 ms timer fired, apart from the engine stand-in's pace that the stream's gaps include), the
+/health maximum, what the attackers got back and how many 5xx (connections refused at the
 cap are 503 by design and counted apart). Memory: the sidecar's RSS before the first attack
 against ``--settle`` s after the last. Writes ``hostile.json`` and ``README.md`` (the table) to
 ``--out`` (default ``benchmarks/results/hostile/<date>/``)::
@@ -374,6 +376,31 @@ def _answers(results: list[dict]) -> tuple[dict[str, int], int, int]:
     return statuses, server_errors, refused
 
 
+async def loop_lag_counts(url: str) -> dict[float, float]:
+    """The sidecar's ``sidecar_event_loop_lag_seconds`` histogram now: {bucket bound: cumulative count}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as resp:
+            text = await resp.text()
+    except aiohttp.ClientError:
+        return {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "sidecar_event_loop_lag_seconds":
+            return {float(s.labels["le"]): s.value for s in family.samples if s.name.endswith("_bucket")}
+    return {}
+
+
+def loop_lag_window(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
+    """What the loop-lag histogram saw between two reads: wake-ups, how many came over 100 ms late,
+    and the bucket bound the latest one stayed within (``max_ms_at_most``)."""
+    diff = {le: after.get(le, 0.0) - before.get(le, 0.0) for le in sorted(after)}
+    total = diff.get(float("inf"), 0.0)
+    within = next((le for le, n in diff.items() if n >= total), float("inf"))
+    return {"wakeups": int(total), "over_100ms": int(total - diff.get(0.1, 0.0)),
+            "max_ms_at_most": None if within == float("inf") else round(within * 1000)}
+
+
 def _max_ms(values) -> float | None:
     values = list(values)
     return round(max(values) * 1000, 1) if values else None
@@ -427,7 +454,9 @@ async def run(cfg: dict[str, Any], tokenizer_dir: str, log) -> dict[str, Any]:
             ready = await asyncio.get_running_loop().run_in_executor(None, attacker.stdout.readline)
             if not ready.startswith("READY"):
                 raise RuntimeError(f"the attackers did not start: {ready!r}")
+            lag_start = await loop_lag_counts(url)
             await asyncio.sleep(cfg["baseline"])  # the baseline: honest traffic alone, the bodies built
+            lag_go = await loop_lag_counts(url)
             go = time.time()
             log(f"{kind}: {ready.strip()[6:]}, attacking")
             attacker.stdin.write("go\n")
@@ -436,7 +465,9 @@ async def run(cfg: dict[str, Any], tokenizer_dir: str, log) -> dict[str, Any]:
             results = json.loads(answers.read_text())
             end = max([r["started"] + r["seconds"] for r in results] + [go]) + 1.0
             await asyncio.sleep(max(0.0, end - time.time()))
-            windows[kind] = {"baseline": (go - cfg["baseline"], go), "attack": (go, end), "results": results, "ready": ready.strip()}
+            lag_end = await loop_lag_counts(url)
+            windows[kind] = {"baseline": (go - cfg["baseline"], go), "attack": (go, end), "results": results, "ready": ready.strip(),
+                             "loop_lag": {"baseline": loop_lag_window(lag_start, lag_go), "attack": loop_lag_window(lag_go, lag_end)}}
             log(f"{kind}: answered in {end - 1.0 - go:.1f} s")
         last_attack = time.time()
         await asyncio.sleep(cfg["settle"])
@@ -470,6 +501,7 @@ async def run(cfg: dict[str, Any], tokenizer_dir: str, log) -> dict[str, Any]:
                                   "attack": _max_ms(g for t, g in gaps if lo <= t < hi)},
             "stream_failures": sum(lo <= t < hi for t in stream_failures),
             "health_max_ms": _max_ms(lat for t, lat, _ in probes if lo <= t < hi),
+            "loop_lag": w["loop_lag"],
             "health_not_200": sum(status != 200 for t, _, status in probes if lo <= t < hi),
             "answers": statuses, "server_errors": server_errors, "connections_refused": refused,
             "seconds": round(hi - 1.0 - lo, 2),
@@ -487,6 +519,7 @@ async def run(cfg: dict[str, Any], tokenizer_dir: str, log) -> dict[str, Any]:
             "honest_turns_failed_0": all(x["attack"]["failed"] == 0 and x["stream_failures"] == 0 for x in attacks.values()),
             "attackers_5xx_0": all(x["server_errors"] == 0 for x in attacks.values()),
             "stream_gap_max_100ms": all((x["stream_gap_max_ms"]["attack"] or 0) <= 100 for x in attacks.values()),
+            "loop_lag_max_100ms": all(x["loop_lag"]["attack"]["over_100ms"] == 0 for x in attacks.values()),
             "rss_after_within_10pct": bool(fresh) and after <= fresh * 1.10,
         },
         "seconds": {"attacks": round(last_attack - first_attack, 1), "settle": cfg["settle"]},
@@ -510,17 +543,19 @@ def markdown(result: dict[str, Any], command: str) -> str:
         f"{result['config']['agents']} honest agents, a /health probe and a small streaming client on one key; "
         "each attack after its baseline of honest traffic alone.", "",
         "| attack | what | honest TTFT p99 baseline / attack (**added**) | honest turns (failed) | stream's largest gap baseline / attack "
-        "| /health max | attackers' answers | 5xx |",
-        "|---|---|---|---|---|---|---|---|",
+        "| sidecar loop lag, attack: max (over 100 ms) | /health max | attackers' answers | 5xx |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for kind, x in result["attacks"].items():
         b, a = x["baseline"]["ttft_ms"]["p99"], x["attack"]["ttft_ms"]["p99"]
         answers = ", ".join(f"{n} x {k}" for k, n in sorted(x["answers"].items(), key=lambda kv: -kv[1]))
         gap = x["stream_gap_max_ms"]
+        lag = x["loop_lag"]["attack"]
+        lag_max = "-" if lag["max_ms_at_most"] is None else f"<= {lag['max_ms_at_most']}"
         lines.append(
             f"| {kind} | {x['what']} | {_f(b)} / {_f(a)} (**{_f(x['added_ttft_p99_ms'])}**) | "
             f"{x['attack']['turns']} ({x['attack']['failed'] + x['stream_failures']}) | {_f(gap['baseline'])} / **{_f(gap['attack'])}** | "
-            f"{_f(x['health_max_ms'])} | {answers} in {x['seconds']:g} s | {x['server_errors']} |"
+            f"{lag_max} ({lag['over_100ms']}) | {_f(x['health_max_ms'])} | {answers} in {x['seconds']:g} s | {x['server_errors']} |"
         )
     t = result["targets"]
     lines += [

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -194,3 +195,18 @@ async def test_start_up_summary_names_the_host_tier_and_the_plugin(make_sglang_d
         (lines[name],) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("starting on")]
     assert "KV: GPU 10,000 tokens, host 30,001 tokens, no session_ttl plugin (leases off)" in lines["hicache"]
     assert "KV: GPU 10,000 tokens, no host tier, session_ttl plugin" in lines["plugin"]
+
+
+async def test_event_loop_lag_shows_work_that_held_the_loop(start):
+    """An operator sees a stalled loop: 150 ms of work holding it is one lag observation over
+    100 ms, while an idle loop's timer fires within a few milliseconds."""
+    client = await start()
+    await asyncio.sleep(0.2)
+    before = await _samples(client)
+    assert before["sidecar_event_loop_lag_seconds_count"] >= 3
+    assert before['sidecar_event_loop_lag_seconds_bucket{le="0.1"}'] == before["sidecar_event_loop_lag_seconds_count"]
+    time.sleep(0.15)  # the loop (this test's, the app's) is held
+    await asyncio.sleep(0.05)
+    after = await _samples(client)
+    over = lambda m: m["sidecar_event_loop_lag_seconds_count"] - m['sidecar_event_loop_lag_seconds_bucket{le="0.1"}']
+    assert over(after) - over(before) == 1

@@ -58,3 +58,14 @@ def test_a_5xx_is_counted_and_a_refused_connection_is_not():
     statuses, server_errors, refused = hostile_load._answers(rows)
     assert (server_errors, refused) == (1, 1)
     assert statuses["503 tokenizer_busy"] == 1 and statuses["held"] == 1
+
+
+def test_loop_lag_window_counts_late_wakeups_between_two_reads():
+    inf = float("inf")
+    before = {0.005: 10, 0.01: 10, 0.025: 10, 0.05: 10, 0.1: 10, 0.25: 10, inf: 10}
+    after = {0.005: 40, 0.01: 45, 0.025: 47, 0.05: 48, 0.1: 48, 0.25: 50, inf: 50}
+    window = hostile_load.loop_lag_window(before, after)
+    assert window == {"wakeups": 40, "over_100ms": 2, "max_ms_at_most": 250}
+    calm = hostile_load.loop_lag_window(after, {le: n + 10 for le, n in after.items()})  # 10 more, all on time
+    assert calm == {"wakeups": 10, "over_100ms": 0, "max_ms_at_most": 5}
+    assert hostile_load.loop_lag_window({}, {})["wakeups"] == 0  # the sidecar did not answer /metrics
