@@ -98,6 +98,7 @@ class PassState:
     # pass admits it (work-conserving leases over a host tier)
     blocked_need: int = 0
     metrics_checked: bool = False  # whether exporting lease metrics to /metrics was decided
+    blocked_logged_at: float = float("-inf")  # monotonic time of the last refused-pass log line
 
     def live_scheduler(self) -> Any:
         return self.scheduler() if self.scheduler is not None else None
@@ -426,20 +427,17 @@ def _yield_for_blocked(scheduler: Any, mgr: LeaseManager, state: PassState, runn
         outcome = "in_use"
     mgr.metrics.inc("blocked_passes", outcome=outcome)
     _log_blocked_pass(
-        scheduler, outcome, need=need, reservation=reservation, headroom=headroom, hard=hard_before, gained=gained
+        scheduler, state, outcome, need=need, reservation=reservation, headroom=headroom, hard=hard_before, gained=gained
     )
 
 
-_last_blocked_log = [0.0]
-
-
-def _log_blocked_pass(scheduler: Any, outcome: str, **figures: int) -> None:
+def _log_blocked_pass(scheduler: Any, state: PassState, outcome: str, **figures: int) -> None:
     """One line a second at most: what a refused prefill pass saw, to read beside SGLang's
     decode log (why a request waits while the pool has room)."""
     now = time.monotonic()
-    if now - _last_blocked_log[0] < 1.0:
+    if now - state.blocked_logged_at < 1.0:
         return
-    _last_blocked_log[0] = now
+    state.blocked_logged_at = now
     running = getattr(getattr(scheduler, "running_batch", None), "reqs", None) or ()
     logger.info(
         "sglang_ext: prefill refused for KV (%s): %s, running %d, queued %d",

@@ -93,9 +93,9 @@ class SessionTTLSettings(BaseModel):
         True,
         description="With HiCache: lock a lease whose KV is all on the GPU and backed up on host while "
         "its session is due back (the reload window) or has a request waiting. True (default): whatever "
-        "the host holds. \"host_short\": only while the host tier is short (its free tokens < the GPU "
-        "pool: one more pool of copies evicts host KV, so a backed-up session may lose both copies before "
-        "it returns); with room on host a backed-up lease only orders eviction (soft): losing its GPU copy "
+        "the host holds. \"host_short\": only while the host tier is short (its capacity less the leased "
+        "sessions' KV < the GPU pool: one more pool of copies would evict leased host KV, so a backed-up "
+        "session may lose both copies before it returns; copies no lease covers go first); with room on host a backed-up lease only orders eviction (soft): losing its GPU copy "
         "costs a reload, and a lock would count its KV as used while a request waits for the room. In the "
         "simulator it leaves the ratio-1 rows identical to true and meets no more of the ratio-3 "
         "no-harm targets than true (benchmarks/results/sim/no-harm-2026-12-02-c). False: never (only KV without a "

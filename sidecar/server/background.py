@@ -33,18 +33,24 @@ def every(interval_s: float, step: Callable[[web.Application], Awaitable[None] |
     """A cleanup context that runs ``step(app)`` every ``interval_s`` seconds while the app serves;
     a step that fails is logged and the next one runs anyway (housekeeping must never die)."""
 
-    async def context(app: web.Application) -> AsyncIterator[None]:
-        async def loop() -> None:
-            while True:
-                try:
-                    result = step(app)
-                    if inspect.isawaitable(result):
-                        await result
-                except Exception:  # noqa: BLE001
-                    log.exception("%s failed", what)
-                await asyncio.sleep(interval_s)
+    async def loop(app: web.Application) -> None:
+        while True:
+            try:
+                result = step(app)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:  # noqa: BLE001
+                log.exception("%s failed", what)
+            await asyncio.sleep(interval_s)
 
-        task = asyncio.create_task(loop())
+    return _while_serving(loop)
+
+
+def _while_serving(run: Callable[[web.Application], Awaitable[None]]):
+    """A cleanup context running ``run(app)`` as a task while the app serves, cancelled at shutdown."""
+
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(run(app))
         yield
         task.cancel()
         with suppress(asyncio.CancelledError):
@@ -57,23 +63,14 @@ def loop_lag_probe(interval_s: float = LOOP_PROBE_INTERVAL_S):
     """A cleanup context that sleeps ``interval_s`` over and over and records how late it woke: the
     lag every request on this loop saw then (50 wake-ups a second, a few microseconds each)."""
 
-    async def context(app: web.Application) -> AsyncIterator[None]:
-        lag = app[keys.METRICS].loop_lag
+    async def probe(app: web.Application) -> None:
+        lag, loop = app[keys.METRICS].loop_lag, asyncio.get_running_loop()
+        while True:
+            due = loop.time() + interval_s
+            await asyncio.sleep(interval_s)
+            lag.observe(max(loop.time() - due, 0.0))
 
-        async def probe() -> None:
-            loop = asyncio.get_running_loop()
-            while True:
-                due = loop.time() + interval_s
-                await asyncio.sleep(interval_s)
-                lag.observe(max(loop.time() - due, 0.0))
-
-        task = asyncio.create_task(probe())
-        yield
-        task.cancel()
-        with suppress(asyncio.CancelledError):
-            await task
-
-    return context
+    return _while_serving(probe)
 
 
 def close_due_sessions(app: web.Application) -> None:
