@@ -8,7 +8,8 @@ claims of the GPU KV (``claimed``) is told by the hooks, which see the scheduler
 
 * **Eviction order** (``eviction_key``, read by the strategy for GPU and host leaves alike):
   KV with a host copy before KV without; within each, KV no lease expects back (LRU) before
-  leased KV, and leased KV of the session expected back latest first.
+  leased KV, and leased KV of the session expected back latest first; plain LRU while
+  ``defer_with_host_room`` and the host has room (``deferring``).
 * **Tiers** (``retier``, every clock tick): a lease is hard (locked) only while
   ``tiers.wants_hard`` says so, soft otherwise, within the hard-lease bound. With
   ``lock_due_backed_up = "host_short"`` KV backed up on host is locked only while the host tier is short.
@@ -65,6 +66,8 @@ class HostTier:
         self._next_change: float | None = None
         self._window_open: list[str] = []  # sessions due at the last retier (prefetch candidates)
         self._skipped: dict[str, str] = {}  # session -> why its due prefetch waits (counted once)
+        # defer_with_host_room and the host had room at the last retier: order and queue as SGLang
+        self.deferring = False
 
     @property
     def active(self) -> bool:
@@ -76,6 +79,8 @@ class HostTier:
 
         ``gone_children``: children a dry run of the eviction walk took off the GPU already,
         whose leases then run through ``node`` (see ``_room_for``)."""
+        if self.deferring:
+            return (0, 0, node.last_access_time)  # plain LRU, as SGLang's own strategy
         tree = self.tree
         lease = self._covering_lease((node, *gone_children))
         return order.eviction_key(
@@ -102,8 +107,10 @@ class HostTier:
     # --------------------------------------------------------------------- tiers
     def host_is_short(self) -> bool:
         """``tiers.host_short`` of this cache's host pool and GPU pool (read only by the
-        ``host_short`` rule; every rank's pools hold the same, so all ranks agree)."""
-        if self.settings.lock_due_backed_up != tiers.HOST_SHORT:
+        ``host_short`` lock rule and ``defer_with_host_room``; every rank's pools hold the same,
+        so all ranks agree). True where neither reads it."""
+        settings = self.settings
+        if settings.lock_due_backed_up != tiers.HOST_SHORT and not settings.defer_with_host_room:
             return True
         tree = self.tree
         leased = tree.distinct_path_tokens(lease.node_id for lease in self.table.leases())
@@ -127,6 +134,7 @@ class HostTier:
         spare = self.tree.headroom_tokens() - self.claimed()
         changed, nxt, window_open = False, None, []
         short = self.host_is_short()
+        self.deferring = settings.defer_with_host_room and not short
         for lease in self.table.leases():
             state = tree.path_state(lease.node_id)
             want = tiers.wants_hard(lease, state, now, settings, lease.session_id in busy, short)
@@ -304,6 +312,7 @@ class HostTier:
         self.inflight.clear()
         self._next_change, self._window_open = None, []
         self._skipped.clear()
+        self.deferring = False
 
     def describe(self) -> str:
         tree = self.tree

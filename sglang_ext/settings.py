@@ -101,6 +101,16 @@ class SessionTTLSettings(BaseModel):
         "no-harm targets than true (benchmarks/results/sim/no-harm-2026-12-02-c). False: never (only KV without a "
         "host copy is ever locked).",
     )
+    defer_with_host_room: bool = Field(
+        True,
+        description="With HiCache: while the host tier has room beside the leased KV (see "
+        "lock_due_backed_up's \"host_short\"), step aside entirely: SGLang's LRU eviction order, "
+        "SGLang's queue order, no lock on KV backed up on host. There every idle history reloads "
+        "in milliseconds, and anything the plugin reorders or holds only moves work off the "
+        "running batch. Once the host is short the plugin's rules apply as configured. In the "
+        "simulator it makes the ratio-3 rows stock HiCache's (benchmarks/results/sim/no-harm-2026-12-02-d) "
+        "and leaves the ratio-1 overload row as it was.",
+    )
     prefetch: bool = Field(
         False,
         description="With HiCache: load a session's KV back from host to GPU ahead of its expected "

@@ -69,14 +69,15 @@ def wants_hard(
     host_is_short: bool = True,
 ) -> bool:
     """Lock the lease's KV: some of it has no host copy, or its session is due (or has a request
-    waiting, ``busy``), all of it is on the GPU and (``lock_due_backed_up = "host_short"``) the
-    host tier is short (``host_is_short``: see ``host_short``)."""
+    waiting, ``busy``), all of it is on the GPU and (``lock_due_backed_up = "host_short"`` or
+    ``defer_with_host_room``) the host tier is short (``host_is_short``: see ``host_short``)."""
     if state.unbacked_tokens > 0:
         return True
     if state.host_only_tokens > 0:
         return False  # part of it is on host already: a lock would not keep a reload away
     mode = settings.lock_due_backed_up
-    if mode is False or (mode == HOST_SHORT and not host_is_short):
+    reads_host_room = mode == HOST_SHORT or settings.defer_with_host_room
+    if mode is False or (reads_host_room and not host_is_short):
         return False
     return busy or in_window(critical_window(lease, state.tokens, now, settings), now)
 

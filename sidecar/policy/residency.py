@@ -79,6 +79,7 @@ class Residency:
         self._counted: dict[str, _Contribution] = {}  # session id -> what it adds now
         self._records: dict[str, SessionRecord] = {}
         self._expiries: list[tuple[float, int, SessionRecord]] = []
+        self._expiry_queued: dict[str, float] = {}  # session id -> the lease expiry last pushed for it
         self._seq = itertools.count()
         self.now = float("-inf")  # the latest time counted (reads at an earlier time see this one)
 
@@ -92,20 +93,22 @@ class Residency:
         sid = record.session_id
         old = self._counted.get(sid)
         new = self._contribution(record, max(now, self.now))
-        if old == new and self._records.get(sid) is record:
-            return
-        if old is not None:
-            self._apply(self._records[sid], old, -1)
-        self._counted[sid] = new
-        self._records[sid] = record
-        self._apply(record, new, +1)
-        if new[2]:  # leased: it stops being so at its expiry
+        if old != new or self._records.get(sid) is not record:
+            if old is not None:
+                self._apply(self._records[sid], old, -1)
+            self._counted[sid] = new
+            self._records[sid] = record
+            self._apply(record, new, +1)
+        # leased: it stops being so at its expiry, also where a revision moved only the expiry
+        if new[2] and self._expiry_queued.get(sid) != record.lease_expires_at:
+            self._expiry_queued[sid] = record.lease_expires_at
             heapq.heappush(self._expiries, (record.lease_expires_at, next(self._seq), record))
 
     def remove(self, record: SessionRecord) -> None:
         """The session was closed: it counts nowhere any more."""
         sid = record.session_id
         old = self._counted.pop(sid, None)
+        self._expiry_queued.pop(sid, None)
         if old is not None:
             self._apply(self._records.pop(sid), old, -1)
 
@@ -117,6 +120,8 @@ class Residency:
         expiries = self._expiries
         while expiries and expiries[0][0] <= now:
             expires, _, record = heapq.heappop(expiries)
+            if self._expiry_queued.get(record.session_id) == expires:
+                del self._expiry_queued[record.session_id]
             counted = self._counted.get(record.session_id)
             if counted is not None and counted[2] and self._records[record.session_id] is record:
                 if record.lease_expires_at is None or record.lease_expires_at <= now:

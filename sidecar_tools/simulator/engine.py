@@ -160,8 +160,10 @@ class SimEngine:
         self.max_prefill_tokens = max_prefill_tokens
         self.max_running_requests = max_running_requests
         self.context_length = context_length
-        # SchedulePolicy._touch_waiting_prefixes runs for --radix-eviction-policy lru only
-        self.waiting_prefix_refresh = waiting_prefix_refresh and self.policy == "lru"
+        # SchedulePolicy._touch_waiting_prefixes: SGLang's own for --radix-eviction-policy lru,
+        # the plugin's AFTER hook for session_ttl (same conditions, same pass counter)
+        self.waiting_prefix_refresh = waiting_prefix_refresh and self.policy in ("lru", "session_ttl")
+        self._schedule_policy = SimpleNamespace(tree_cache=None, _waiting_prefix_refresh_calls=0)
         self.session_radix_cache = session_radix_cache
         self.max_jump_steps = max(1, max_jump_steps)  # 1 = one decode step at a time (tests)
         self.cache, self.req_pool, self.alloc = sglang_env.build_cache(
@@ -500,7 +502,13 @@ class SimEngine:
         """SchedulePolicy._touch_waiting_prefixes (LRU, Python TreeCore): every 32nd pass the
         waiting requests' cached prefixes are touched, head last."""
         self._passes += 1
-        if not self.waiting_prefix_refresh or (self._passes - 1) % WAITING_PREFIX_REFRESH_INTERVAL:
+        if not self.waiting_prefix_refresh:
+            return
+        if self.policy != "lru":  # SGLang's method returns at its policy-name check; the hook runs after it
+            self._schedule_policy.tree_cache = self.cache
+            self._hooks.touch_waiting_prefixes(None, self._schedule_policy, None, self.waiting)
+            return
+        if (self._passes - 1) % WAITING_PREFIX_REFRESH_INTERVAL:
             return
         for req in reversed(self.waiting[:WAITING_QUEUE_PREFIX_MATCH_MAX]):
             self.env.touch_waiting_prefix(req, self.cache)

@@ -60,10 +60,13 @@ class Batch:
 
 @pytest.fixture
 def tiered(kit, plugin):
-    """make(gpu_tokens, host_tokens, **config) -> (cache, lease manager), lease clock at 0."""
+    """make(gpu_tokens, host_tokens, **config) -> (cache, lease manager), lease clock at 0. The
+    plugin's tier rules are on whatever room the host has (``defer_with_host_room`` off) unless a
+    test says otherwise."""
 
     def make(gpu=512, host=1024, write_policy="write_through", **config):
-        cache = kit.make_cache(gpu, config={"max_leased_fraction": 0.9, "prefetch": True, **config})
+        config = {"max_leased_fraction": 0.9, "prefetch": True, "defer_with_host_room": False, **config}
+        cache = kit.make_cache(gpu, config=config)
         attach_host_tier(cache, host_tokens=host, write_policy=write_policy)
         mgr = plugin.manager_of(cache)
         mgr.on_tick(0.0)

@@ -56,9 +56,13 @@ def test_host_short_locks_backed_up_kv_only_while_the_host_tier_is_short():
     assert not tiers.wants_hard(due, on_gpu, 9.5, short, host_is_short=False)  # a reload at worst
     assert not tiers.wants_hard(due, on_gpu, 9.5, short, busy=True, host_is_short=False)
     assert tiers.wants_hard(due, unbacked, 9.5, short, host_is_short=False)  # a recompute otherwise
-    assert S.lock_due_backed_up is True  # the default: whatever the host holds
+    assert S.lock_due_backed_up is True and S.defer_with_host_room is True  # the defaults
+    # defer_with_host_room (default): with room on host the plugin steps aside, locks included
+    assert not tiers.wants_hard(due, on_gpu, 9.5, S, host_is_short=False)
+    assert tiers.wants_hard(due, on_gpu, 9.5, S, host_is_short=True)
+    always = S.model_copy(update={"defer_with_host_room": False})  # true: whatever the host holds
+    assert tiers.wants_hard(due, on_gpu, 9.5, always, host_is_short=False)
     never = S.model_copy(update={"lock_due_backed_up": False})
-    assert tiers.wants_hard(due, on_gpu, 9.5, S, host_is_short=False)
     assert not tiers.wants_hard(due, on_gpu, 9.5, never, host_is_short=True)
     assert tiers.host_short(1200, 801, 400) and not tiers.host_short(1200, 800, 400)
 

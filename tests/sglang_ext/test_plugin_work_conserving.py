@@ -21,13 +21,15 @@ def toks(base: int, n: int) -> list[int]:
 
 @pytest.fixture
 def tiered_engine(plugin):
-    """A SimEngine on a session_ttl cache with SGLang's host tier (``host_ratio`` x the GPU pool)."""
+    """A SimEngine on a session_ttl cache with SGLang's host tier (``host_ratio`` x the GPU pool);
+    the plugin's rules apply whatever room the host has (``defer_with_host_room`` off) unless a
+    test says otherwise."""
     from sidecar_tools.simulator.engine import SimEngine
     from sidecar_tools.simulator.hicache_cpu import HostTierArgs
 
     def make(kv_tokens: int, host_ratio: float = 3, **config):
         return SimEngine(kv_tokens=kv_tokens, policy="session_ttl",
-                         policy_config={"max_leased_fraction": 0.9, **config},
+                         policy_config={"max_leased_fraction": 0.9, "defer_with_host_room": False, **config},
                          max_running_requests=64, context_length=4096, max_jump_steps=1,
                          host_tier=HostTierArgs(size_tokens=int(host_ratio * kv_tokens)))
 
@@ -184,3 +186,51 @@ def test_with_the_host_tier_short_a_due_backed_up_lease_locks(plugin, tiered_eng
     engine = tiered_engine(400, host_ratio=1, lock_due_backed_up="host_short")
     mgr = due_leases(engine, requests, plugin)  # both hard, backed up
     assert mgr.host.host_is_short()
+
+
+# ---- defer_with_host_room: while the host tier has room the plugin steps aside (SGLang's LRU order)
+
+
+def _gpu_hit(engine, ids) -> int:
+    from array import array
+
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    return engine.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", ids)))).device_prefix_len
+
+
+@pytest.mark.parametrize("defer, host_ratio, evicted", [
+    (True, 3, "leased"),     # room on host: plain LRU, the older (leased) history goes first
+    (False, 3, "unleased"),  # the plugin's order: KV no lease expects back goes first
+    (True, 1, "unleased"),   # the host is short: the plugin's order applies again
+])
+def test_with_room_on_host_the_plugin_evicts_in_sglangs_lru_order(
+        plugin, tiered_engine, requests, admit_step, defer, host_ratio, evicted):
+    """A leased session's history (older) and a history no lease covers (newer), both on the GPU
+    and backed up; a request needs the room of one of them. With ``defer_with_host_room`` and room
+    on host the older one goes, as under SGLang's own LRU strategy; otherwise (or once the host is
+    short) the unleased one goes first, whatever its age."""
+    engine = tiered_engine(400, host_ratio=host_ratio, defer_with_host_room=defer)
+    mgr = plugin.manager_of(engine.cache)
+    leased = run_turn(engine, requests, toks(1000, 100), 10, "A", ttl=100, expect=60.0, spread=1.0)
+    for _ in range(3):
+        engine.advance_idle(engine.now + 0.1)
+    other = requests(toks(3000, 100), 10)
+    other.ignore_eos = True
+    engine.submit(other)
+    while not other.finished:
+        assert engine.step() or engine.busy
+    for _ in range(3):  # the write-through lands, the lease clock ticks (retier reads the host room)
+        engine.advance_idle(engine.now + 0.1)
+    assert mgr.host.deferring is (defer and host_ratio == 3)
+    assert len(mgr.table) == 1 and mgr.table.count("hard") == 0
+    histories = {"leased": list(leased.input_ids) + list(leased.output_ids)[:-1],
+                 "unleased": list(other.input_ids) + list(other.output_ids)[:-1]}
+    assert all(_gpu_hit(engine, ids) >= 100 for ids in histories.values())
+    big = requests(toks(7000, 250), 10)  # free KV (~180) does not hold it: one history must go
+    big.ignore_eos = True
+    engine.submit(big)
+    assert admit_step(engine) == 1
+    kept = "unleased" if evicted == "leased" else "leased"
+    assert _gpu_hit(engine, histories[evicted]) < 100 <= _gpu_hit(engine, histories[kept])

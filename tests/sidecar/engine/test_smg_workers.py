@@ -50,15 +50,16 @@ def _sessions_by_worker(sims: dict[str, SGLangStandIn]) -> dict[str, set[str]]:
     return {url: {r["session_id"] for r in sim.generate_requests() if isinstance(r, dict)} for url, sim in sims.items()}
 
 
+def _served_turns(sim: SGLangStandIn) -> Counter:
+    """How many requests of each session this worker finished (not counting requests aborted there:
+    smg's own retry of a request in flight on the killed worker may land anywhere; the sidecar stops it)."""
+    session_of = {r["rid"]: r["session_id"] for r in sim.generate_requests() if isinstance(r, dict)}
+    return Counter(session_of[res["meta_info"]["id"]] for res in sim.results
+                   if (res["meta_info"].get("finish_reason") or {}).get("type") != "abort" and res["meta_info"]["id"] in session_of)
+
+
 def _served_sessions_by_worker(sims: dict[str, SGLangStandIn]) -> dict[str, set[str]]:
-    """The sessions each worker finished a request of (not counting requests aborted there: smg's
-    own retry of a request in flight on the killed worker may land anywhere; the sidecar stops it)."""
-    out = {}
-    for url, sim in sims.items():
-        session_of = {r["rid"]: r["session_id"] for r in sim.generate_requests() if isinstance(r, dict)}
-        out[url] = {session_of[res["meta_info"]["id"]] for res in sim.results
-                    if (res["meta_info"].get("finish_reason") or {}).get("type") != "abort" and res["meta_info"]["id"] in session_of}
-    return out
+    return {url: set(_served_turns(sim)) for url, sim in sims.items()}
 
 
 async def test_agents_keep_their_worker_through_smg_and_move_when_it_dies(qwen3_tokenizer, tmp_path):
@@ -130,9 +131,10 @@ async def test_agents_keep_their_worker_through_smg_and_move_when_it_dies(qwen3_
                 assert [u for u, ids in seen.items() if sid in ids] == [s["worker"]], sid
 
             victim = max(placed, key=placed.get)
-            done_before_kill = {name for name, n in progress.items() if n == TURNS}
             await sims[victim].stop()  # killed mid-run: in-flight requests fail, its sessions move
             await asyncio.wait_for(asyncio.gather(*tasks), 90)
+            # a session whose last turn the victim finished while it was being stopped had nothing left to move
+            done_before_kill = {sid for sid, n in _served_turns(sims[victim]).items() if n >= TURNS}
             after = await sessions()
             moved = [sid for sid, s in before.items() if s["worker"] == victim]
             kept = [sid for sid in before if sid not in moved]

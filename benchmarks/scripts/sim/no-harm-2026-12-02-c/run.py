@@ -63,6 +63,9 @@ PLUGIN_CONFIG = {"max_leased_fraction": 0.8}
 
 
 def _product(ratio, **plugin):
+    # the rules as this round ran them: defer_with_host_room (round d, now the default) off; the waiting-
+    # prefix refresh that round d added to the plugin has no setting, so a re-run differs by it
+    plugin = {"defer_with_host_room": False, **plugin}
     return ["--policy", "session_ttl", "--policy-config", json.dumps({**PLUGIN_CONFIG, **plugin}),
             "--sidecar-config", "configs/coding-agent.toml", "--hicache-ratio", str(ratio)]
 
