@@ -343,15 +343,18 @@ def _maybe_export_metrics(scheduler: Any, mgr: LeaseManager) -> None:
 def touch_waiting_prefixes(result, policy_obj, policy, waiting_queue, *args, **kwargs):
     """AFTER SchedulePolicy._touch_waiting_prefixes: SGLang keeps the queued requests' cached
     prefixes recent (every 32nd pass, head last) for ``--radix-eviction-policy lru`` only, so LRU
-    does not evict the KV a queued request is about to use. session_ttl gets the same, under the
-    same conditions and on the same pass counter: without it a queued continuation loses its prefix
-    to newer idle KV and then waits for the room to reload it (simulator, miniswe at ratio 3: p99
-    1.10x stock's)."""
+    does not evict the KV a queued request is about to use. While the plugin steps aside
+    (``HostTier.deferring``) it is SGLang's LRU, refresh included, under the same conditions and on
+    the same pass counter: without it a queued continuation loses its prefix to newer idle KV and
+    then waits for the room to reload it (simulator, miniswe at ratio 3: p99 1.10x stock's). Under
+    its own rules (no host tier, or the host short) the order is the plugin's and nothing is touched."""
     from sglang.srt.managers import schedule_policy as sp
 
     tree_cache = policy_obj.tree_cache
+    mgr = manager_of(tree_cache)
     if (
-        manager_of(tree_cache) is None
+        mgr is None
+        or not (mgr.host.active and mgr.host.deferring)
         or not waiting_queue
         or isinstance(policy, sp.CacheAwarePolicy)
         or not sp.envs.SGLANG_ENABLE_WAITING_PREFIX_REFRESH.get()

@@ -252,32 +252,3 @@ def test_flush_drops_every_lease(kit, plugin, leased):
     kit.finish(cache, "A", toks(1000, 60), toks(1900, 10), ttl=50)  # still works after
     assert cache.protected_size() == 70 and "A" in mgr.table
 
-
-def test_a_queued_requests_cached_prefix_is_kept_recent_as_sglang_does_for_lru(kit, plugin):
-    """SGLang touches the queued requests' cached prefixes every 32nd pass (lru only), so LRU evicts
-    idle KV before the KV a queued request is about to use; under session_ttl the plugin does the
-    same on the same pass counter. Oldest history first in the cache, a newer idle one after it, a
-    request continuing the oldest queued: pressure then evicts the newer one, not the queued prefix."""
-    from types import SimpleNamespace
-
-    from sglang_ext import hooks
-
-    cache = kit.make_cache(512)
-    queued_history, idle = toks(1000, 100), toks(3000, 100)
-    kit.finish(cache, None, queued_history, toks(1900, 20))
-    kit.finish(cache, None, idle, toks(3900, 20))
-    waiting = kit.new_req(queued_history + toks(1900, 20) + toks(5000, 10), 5)
-    policy = SimpleNamespace(tree_cache=cache, _waiting_prefix_refresh_calls=0)
-    hooks.touch_waiting_prefixes(None, policy, None, [waiting])  # pass 0: refreshed
-    assert policy._waiting_prefix_refresh_calls == 1
-    kit.alloc_kv(cache, 512 - 240 + 100)  # forces 100 tokens out
-    assert kit.cached_len(cache, queued_history) == 100 and kit.cached_len(cache, idle) == 0
-
-    # without the refresh (passes 1-31 touch nothing) the queued prefix, the oldest, goes first
-    cache = kit.make_cache(512)
-    kit.finish(cache, None, queued_history, toks(1900, 20))
-    kit.finish(cache, None, idle, toks(3900, 20))
-    policy = SimpleNamespace(tree_cache=cache, _waiting_prefix_refresh_calls=1)
-    hooks.touch_waiting_prefixes(None, policy, None, [waiting])
-    kit.alloc_kv(cache, 512 - 240 + 100)
-    assert kit.cached_len(cache, queued_history) == 0 and kit.cached_len(cache, idle) == 100

@@ -522,3 +522,30 @@ def test_without_a_host_tier_expectations_change_nothing(kit, plugin):
     assert mgr.table.get("A").tier == "hard" and cache.protected_size() == PROMPT + OUT
     assert mgr.metrics.total("tier_changes") == 0
     assert len(cache.tree_core.eviction_strategy.get_priority(node_of(cache, node))) == 2
+
+
+@pytest.mark.parametrize("defer", [True, False])
+def test_while_the_plugin_steps_aside_queued_prefixes_are_kept_recent_as_sglang_does_for_lru(kit, plugin, tiered, defer):
+    """SGLang touches the queued requests' cached prefixes every 32nd pass (lru only), so LRU evicts
+    idle KV before the KV a queued request is about to use. While the plugin steps aside (host with
+    room, ``defer_with_host_room``) it does the same on the same pass counter: the oldest history,
+    continued by a queued request, outlives a newer idle one under pressure. Under its own rules
+    (``defer_with_host_room`` off) nothing is touched and the older history goes first."""
+    from types import SimpleNamespace
+
+    from sglang_ext import hooks
+
+    cache, mgr = tiered(gpu=512, host=2048, defer_with_host_room=defer)
+    queued_history, idle = list(range(1000, 1100)), list(range(3000, 3100))
+    kit.finish(cache, None, queued_history, list(range(1900, 1920)))
+    kit.finish(cache, None, idle, list(range(3900, 3920)))
+    cache.check_hicache_events()  # the write-through lands
+    mgr.on_tick(0.1)
+    assert mgr.host.deferring is defer
+    waiting = kit.new_req(queued_history + list(range(1900, 1920)) + list(range(5000, 5010)), 5)
+    policy = SimpleNamespace(tree_cache=cache, _waiting_prefix_refresh_calls=0)
+    hooks.touch_waiting_prefixes(None, policy, None, [waiting])
+    assert policy._waiting_prefix_refresh_calls == (1 if defer else 0)
+    kit.alloc_kv(cache, 512 - 240 + 100)  # forces 100 tokens off the GPU
+    kept, lost = (queued_history, idle) if defer else (idle, queued_history)
+    assert kit.cached_len(cache, kept) == 100 and kit.cached_len(cache, lost) == 0

@@ -12,7 +12,7 @@
 # capacity-CONFIG-DIST-rRATIO.json, logs/COMBO.log, commands.txt, table.md, plot.png.
 set -uo pipefail
 cd "$(dirname "$0")/../../../.." || exit 1
-OUT=benchmarks/results/sim/capacity-2026-12-02-b
+OUT=${OUT:-benchmarks/results/sim/capacity-2026-12-02-b}  # OUT=... for a later round with the same searches
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 OUT
 JOBS=${JOBS:-2}
 export WINDOW=${WINDOW:-}
