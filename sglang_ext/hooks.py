@@ -344,7 +344,7 @@ def touch_waiting_prefixes(result, policy_obj, policy, waiting_queue, *args, **k
     """AFTER SchedulePolicy._touch_waiting_prefixes: SGLang keeps the queued requests' cached
     prefixes recent (every 32nd pass, head last) for ``--radix-eviction-policy lru`` only, so LRU
     does not evict the KV a queued request is about to use. While the plugin steps aside
-    (``HostTier.deferring``) it is SGLang's LRU, refresh included, under the same conditions and on
+    (``HostTier.stepping_aside``) it is SGLang's LRU, refresh included, under the same conditions and on
     the same pass counter: without it a queued continuation loses its prefix to newer idle KV and
     then waits for the room to reload it (simulator, miniswe at ratio 3: p99 1.10x stock's). Under
     its own rules (no host tier, or the host short) the order is the plugin's and nothing is touched."""
@@ -354,7 +354,7 @@ def touch_waiting_prefixes(result, policy_obj, policy, waiting_queue, *args, **k
     mgr = manager_of(tree_cache)
     if (
         mgr is None
-        or not (mgr.host.active and mgr.host.deferring)
+        or not mgr.host.stepping_aside
         or not waiting_queue
         or isinstance(policy, sp.CacheAwarePolicy)
         or not sp.envs.SGLANG_ENABLE_WAITING_PREFIX_REFRESH.get()
@@ -417,7 +417,7 @@ def get_new_batch_prefill_raw(original, scheduler, *args, **kwargs):
     state.admission_tried = False
     if getattr(scheduler, "chunked_req", None) is not None and mgr.has_hard():
         _relieve_chunk_pressure(scheduler, mgr, state)
-    if mgr.settings.prefer_leased_requests and not (mgr.host.active and mgr.host.deferring):
+    if mgr.settings.prefer_leased_requests and not mgr.host.stepping_aside:
         leased_first(scheduler.waiting_queue, mgr)
     result = original(scheduler, *args, **kwargs)
     if mgr.host.active:

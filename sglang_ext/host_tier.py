@@ -66,12 +66,21 @@ class HostTier:
         self._next_change: float | None = None
         self._window_open: list[str] = []  # sessions due at the last retier (prefetch candidates)
         self._skipped: dict[str, str] = {}  # session -> why its due prefetch waits (counted once)
+        # the host tier was short at the last retier (None before the first): grants read this one
+        # rather than recounting every lease's path on each request that finishes
+        self._short: bool | None = None
         # defer_with_host_room and the host had room at the last retier: order and queue as SGLang
         self.deferring = False
 
     @property
     def active(self) -> bool:
         return self.settings.tier_aware and self.tree.host_tier_attached()
+
+    @property
+    def stepping_aside(self) -> bool:
+        """The plugin is SGLang's LRU now (``defer_with_host_room`` and room on host): the hooks
+        leave SGLang's queue order alone and refresh queued prefixes as SGLang does for lru."""
+        return self.deferring and self.active
 
     # ------------------------------------------------------------------ eviction
     def eviction_key(self, node: Any, gone_children: tuple = ()) -> tuple[int, int, float]:
@@ -109,8 +118,7 @@ class HostTier:
         """``tiers.host_short`` of this cache's host pool and GPU pool (read only by the
         ``host_short`` lock rule and ``defer_with_host_room``; every rank's pools hold the same,
         so all ranks agree). True where neither reads it."""
-        settings = self.settings
-        if settings.lock_due_backed_up != tiers.HOST_SHORT and not settings.defer_with_host_room:
+        if not self.settings.reads_host_room:
             return True
         tree = self.tree
         leased = tree.distinct_path_tokens(lease.node_id for lease in self.table.leases())
@@ -118,7 +126,8 @@ class HostTier:
 
     def tier_for_grant(self, lease: Lease, busy: bool = False) -> str:
         state = self.tree.path_state(lease.node_id)
-        want = tiers.wants_hard(lease, state, self.table.clock, self.settings, busy, self.host_is_short())
+        short = self._short if self._short is not None else self.host_is_short()
+        want = tiers.wants_hard(lease, state, self.table.clock, self.settings, busy, short)
         return HARD if want else SOFT
 
     def retier(self, busy: set[str] | frozenset[str]) -> None:
@@ -133,7 +142,7 @@ class HostTier:
         # never the room a queued request is waiting for
         spare = self.tree.headroom_tokens() - self.claimed()
         changed, nxt, window_open = False, None, []
-        short = self.host_is_short()
+        short = self._short = self.host_is_short()
         self.deferring = settings.defer_with_host_room and not short
         for lease in self.table.leases():
             state = tree.path_state(lease.node_id)
@@ -312,7 +321,7 @@ class HostTier:
         self.inflight.clear()
         self._next_change, self._window_open = None, []
         self._skipped.clear()
-        self.deferring = False
+        self._short, self.deferring = None, False
 
     def describe(self) -> str:
         tree = self.tree

@@ -141,6 +141,11 @@ class SessionTTLSettings(BaseModel):
                 f"eviction policy: {problems}"
             ) from None
 
+    @property
+    def reads_host_room(self) -> bool:
+        """Whether any rule here depends on the host tier being short (``tiers.host_short``)."""
+        return self.lock_due_backed_up == HOST_SHORT or self.defer_with_host_room
+
     def limit_tokens(self, capacity_tokens: int) -> int:
         """The hard-lease bound of a KV pool of ``capacity_tokens``."""
         return int(self.max_leased_fraction * capacity_tokens)

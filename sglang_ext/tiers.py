@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .lease_table import Lease
-from .settings import HOST_SHORT, SessionTTLSettings
+from .settings import SessionTTLSettings
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,7 @@ def wants_hard(
     if state.host_only_tokens > 0:
         return False  # part of it is on host already: a lock would not keep a reload away
     mode = settings.lock_due_backed_up
-    reads_host_room = mode == HOST_SHORT or settings.defer_with_host_room
-    if mode is False or (reads_host_room and not host_is_short):
+    if mode is False or (settings.reads_host_room and not host_is_short):
         return False
     return busy or in_window(critical_window(lease, state.tokens, now, settings), now)
 

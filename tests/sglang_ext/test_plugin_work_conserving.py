@@ -191,22 +191,13 @@ def test_with_the_host_tier_short_a_due_backed_up_lease_locks(plugin, tiered_eng
 # ---- defer_with_host_room: while the host tier has room the plugin steps aside (SGLang's LRU order)
 
 
-def _gpu_hit(engine, ids) -> int:
-    from array import array
-
-    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
-    from sglang.srt.mem_cache.radix_cache import RadixKey
-
-    return engine.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", ids)))).device_prefix_len
-
-
 @pytest.mark.parametrize("defer, host_ratio, evicted", [
     (True, 3, "leased"),     # room on host: plain LRU, the older (leased) history goes first
     (False, 3, "unleased"),  # the plugin's order: KV no lease expects back goes first
     (True, 1, "unleased"),   # the host is short: the plugin's order applies again
 ])
 def test_with_room_on_host_the_plugin_evicts_in_sglangs_lru_order(
-        plugin, tiered_engine, requests, admit_step, defer, host_ratio, evicted):
+        kit, plugin, tiered_engine, requests, admit_step, defer, host_ratio, evicted):
     """A leased session's history (older) and a history no lease covers (newer), both on the GPU
     and backed up; a request needs the room of one of them. With ``defer_with_host_room`` and room
     on host the older one goes, as under SGLang's own LRU strategy; otherwise (or once the host is
@@ -227,10 +218,10 @@ def test_with_room_on_host_the_plugin_evicts_in_sglangs_lru_order(
     assert len(mgr.table) == 1 and mgr.table.count("hard") == 0
     histories = {"leased": list(leased.input_ids) + list(leased.output_ids)[:-1],
                  "unleased": list(other.input_ids) + list(other.output_ids)[:-1]}
-    assert all(_gpu_hit(engine, ids) >= 100 for ids in histories.values())
+    assert all(kit.cached_len(engine.cache, ids) >= 100 for ids in histories.values())
     big = requests(toks(7000, 250), 10)  # free KV (~180) does not hold it: one history must go
     big.ignore_eos = True
     engine.submit(big)
     assert admit_step(engine) == 1
     kept = "unleased" if evicted == "leased" else "leased"
-    assert _gpu_hit(engine, histories[evicted]) < 100 <= _gpu_hit(engine, histories[kept])
+    assert kit.cached_len(engine.cache, histories[evicted]) < 100 <= kit.cached_len(engine.cache, histories[kept])
