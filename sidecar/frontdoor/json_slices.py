@@ -17,7 +17,9 @@ import secrets
 from typing import Any, Callable
 
 LONG_STRING_BYTES = 1 << 15  # a literal's content from this size is decoded apart (in slices when long)
-SLICE_BYTES = 1 << 18  # each slice about this long (well under a millisecond of parsing)
+# each slice about this long: 1-2 ms of parsing, and at glibc's mmap threshold (offload.py sets
+# it), so that a slice's bytes and its decoded text are given back to the OS once freed
+SLICE_BYTES = 1 << 20
 SCAN_BYTES = 1 << 20  # the text is searched for long literals this much at a time
 CUT_WINDOW_BYTES = 1 << 12  # how far past a slice's target end a cut is looked for
 

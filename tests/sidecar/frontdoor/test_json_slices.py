@@ -99,10 +99,10 @@ def test_no_call_parses_a_long_string_whole(small_slices):
 
 
 def test_a_large_body_and_its_tool_arguments_are_parsed_in_slices(monkeypatch):
-    """The hostile shape at its real thresholds: a 3 MB tool-call argument in a chat body. The body
+    """The hostile shape at its real thresholds: a 6 MB tool-call argument in a chat body. The body
     parser and json_or_str (the arguments as the template renders them) each call their parser on
     slices of at most SLICE_BYTES (+ the cut window), and give what one call would."""
-    text = "the agent reads file\n" * 150_000
+    text = "the agent reads file\n" * 300_000
     args = json.dumps({"path": "a.txt", "text": text})
     body = json.dumps({"messages": [{"role": "assistant", "tool_calls": [{"function": {"arguments": args}}]}]}).encode()
     calls: list[int] = []
@@ -113,11 +113,11 @@ def test_a_large_body_and_its_tool_arguments_are_parsed_in_slices(monkeypatch):
     monkeypatch.setattr("sidecar.server.request_body._strict", recording(strict))
     parsed = parse_strict_json(body)
     assert parsed == json.loads(body)
-    assert max(calls) <= json_slices.SLICE_BYTES + json_slices.CUT_WINDOW_BYTES + 16 and len(calls) > 10
+    assert max(calls) <= json_slices.SLICE_BYTES + json_slices.CUT_WINDOW_BYTES + 16 and len(calls) > 5
     calls.clear()
     monkeypatch.setattr("sidecar.frontdoor.canonical_messages.from_json", recording(from_json))
     assert json_or_str(args) == {"path": "a.txt", "text": text}
-    assert max(calls) <= json_slices.SLICE_BYTES + json_slices.CUT_WINDOW_BYTES + 16 and len(calls) > 10
+    assert max(calls) <= json_slices.SLICE_BYTES + json_slices.CUT_WINDOW_BYTES + 16 and len(calls) > 5
 
 
 def test_json_or_str_keeps_what_it_gave_for_long_arguments():
