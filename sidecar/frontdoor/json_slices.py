@@ -73,6 +73,8 @@ def _put_back(tree: Any, texts: dict[str, str]) -> Any:
     so replaced equals another key of its object."""
     if isinstance(tree, str):
         return texts.get(tree, tree)
+    if not isinstance(tree, (dict, list)):
+        return tree
     left = len(texts)
     stack = [tree]
     while stack and left:
@@ -88,21 +90,14 @@ def _put_back(tree: Any, texts: dict[str, str]) -> Any:
                     renamed[k] = v
                 node.clear()
                 node.update(renamed)  # the same object: its parent holds it
-            for k, v in node.items():
-                if isinstance(v, str):
-                    if v in texts:
-                        node[k] = texts[v]
-                        left -= 1
-                elif isinstance(v, (dict, list)):
-                    stack.append(v)
-        elif isinstance(node, list):
-            for i, v in enumerate(node):
-                if isinstance(v, str):
-                    if v in texts:
-                        node[i] = texts[v]
-                        left -= 1
-                elif isinstance(v, (dict, list)):
-                    stack.append(v)
+        # values in place, a dict's or a list's alike (no entry is added or removed while iterating)
+        for k, v in node.items() if isinstance(node, dict) else enumerate(node):
+            if isinstance(v, str):
+                if v in texts:
+                    node[k] = texts[v]
+                    left -= 1
+            elif isinstance(v, (dict, list)):
+                stack.append(v)
     return tree
 
 

@@ -12,7 +12,6 @@ direct engine stream ("engine").
 import asyncio
 import json
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
@@ -36,12 +35,7 @@ async def probe_engine(stop: asyncio.Event, out: list) -> None:
     async with aiohttp.ClientSession() as http:
         while not stop.is_set():
             async with http.post(ENGINE[0] + "/generate", json=body) as resp:
-                last = None
-                async for _ in resp.content.iter_any():
-                    now = time.time()
-                    if last is not None:
-                        out.append((now, now - last))
-                    last = now
+                await hostile_load.record_chunk_gaps(resp, out)
 
 
 _probe = hostile_load.probe_stream
