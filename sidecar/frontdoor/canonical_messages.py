@@ -11,11 +11,16 @@ from typing import Any
 from pydantic_core import from_json
 
 from sidecar.errors import invalid_request
+from sidecar.frontdoor.json_slices import LONG_STRING_BYTES, parse_json
 
 
 def json_or_str(arguments: str) -> Any:
-    """Tool-call arguments as the template renders them: the parsed JSON, or the string as sent."""
+    """Tool-call arguments as the template renders them: the parsed JSON, or the string as sent.
+    Long arguments are parsed with their long strings a slice at a time (``json_slices``: no
+    call holds the GIL for long); what the parser returns is the same."""
     try:
+        if len(arguments) >= LONG_STRING_BYTES:
+            return parse_json(arguments.encode(), from_json)  # an unpaired surrogate: UnicodeEncodeError
         return from_json(arguments)  # pydantic-core's parser: every call of the history, every request
     except (TypeError, ValueError):
         pass

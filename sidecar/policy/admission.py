@@ -7,7 +7,7 @@ rejection (``AdmissionRejected``) with 429 + Retry-After.
 The rule: the session at the head of the queue starts on a worker (``placement.choose_worker``,
 the roomiest that fits) when
     projected tokens of that worker + the session's own projection
-        <= headroom x (GPU + host tokens)  [+ the overflow ``host_tier_recompute_share`` allows],
+        <= GPU + host tokens - (1 - headroom) x GPU tokens  [+ the overflow ``host_tier_recompute_share`` allows],
 or when the worker has nothing resident (a lone session always runs, so the gate cannot deadlock),
 or when it has waited ``max_wait`` seconds (then on the roomiest worker; SGLang's eviction has the
 last word). With ``host_tier_capacity = distinct`` the budget counts GPU + host without the pages

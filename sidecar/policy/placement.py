@@ -22,7 +22,7 @@ class WorkerRoom:
     """One worker as placement sees it."""
 
     worker: str
-    budget_tokens: float  # headroom x (GPU + host tokens); 0 = capacity not known yet
+    budget_tokens: float  # GPU + host tokens less (1 - headroom) x GPU tokens; 0 = capacity not known yet
     projected_tokens: float  # what its resident sessions are projected to need
     sessions: int  # its resident sessions
     overflow_tokens: float = 0.0  # how far past the budget a projection may go (``host_tier_recompute_share``)
@@ -74,9 +74,11 @@ class Placement:
         self.distinct = distinct
 
     def budget(self, capacity: EngineCapacity) -> float:
-        """headroom x what the worker's hierarchy holds (0: capacity not known yet)."""
+        """What the worker's hierarchy holds less the headroom's share of its GPU pool (0: capacity
+        not known yet). The headroom is room for prefill chunks and decode growth, which only the GPU
+        pool needs: a host tier three times the GPU's adds its whole size, not 90 % of it."""
         tokens = capacity.distinct_hierarchy_tokens if self.distinct else capacity.hierarchy_tokens
-        return self.headroom * tokens
+        return max(0.0, tokens - (1.0 - self.headroom) * capacity.max_total_num_tokens)
 
     @property
     def first(self) -> EngineCapacity:

@@ -99,7 +99,7 @@ class AdmissionSettings(BaseModel):
         0.9,
         gt=0,
         le=1.0,  # a fraction: more than the whole pool would admit sessions that cannot fit
-        description="Admit a new session while resident sessions' projected tokens stay under this fraction of max_total_num_tokens (0 < headroom <= 1).",
+        description="Admit a new session while resident sessions' projected tokens leave (1 - headroom) of max_total_num_tokens free: room for prefill chunks and decode growth, which only the GPU pool needs, so a host tier adds its whole size (0 < headroom <= 1).",
     )
     expected_growth_tokens: int = Field(
         1500, ge=0, description="Tokens a session is expected to add per turn before any is observed."

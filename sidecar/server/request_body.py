@@ -27,6 +27,7 @@ import jiter
 from aiohttp import web
 
 from sidecar.errors import APIError, body_too_large, invalid_json, invalid_request
+from sidecar.frontdoor.json_slices import parse_json
 from sidecar.turn.offload import ITEM_WEIGHT, OFFLOAD_CHARS, Offload
 
 MIN_RATE_GRACE_S = 5.0  # a body's average rate is held to body_min_rate from this second on
@@ -230,10 +231,16 @@ async def read_json_body(request: web.Request, limits: BodyLimits, offload: Offl
 
 
 def parse_strict_json(raw: bytes) -> Any:
+    """The strict JSON of ``raw`` (400 otherwise), its long strings decoded a slice at a time so
+    that no single call holds the GIL for long (``sidecar.frontdoor.json_slices``)."""
     try:
-        return jiter.from_json(raw, catch_duplicate_keys=True, allow_inf_nan=False)
+        return parse_json(raw, _strict)
     except ValueError as exc:
         raise invalid_json(raw, str(exc)) from None
+
+
+def _strict(raw: bytes) -> Any:
+    return jiter.from_json(raw, catch_duplicate_keys=True, allow_inf_nan=False)
 
 
 def count_json_values(raw: bytes) -> int:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import os
 import threading
 import time
 from collections import deque
@@ -44,6 +45,9 @@ ITEM_WEIGHT = 32  # each value (object, list, string, number) counts as this man
 TRIM_AFTER_CHARS = 4 << 20  # the heap is trimmed once this much text was prepared since the last trim...
 TRIM_MIN_INTERVAL_S = 1.0  # ...at most this often, when a thread has nothing queued
 MMAP_THRESHOLD_BYTES = 1 << 20  # malloc maps allocations from this size on (returned to the OS on free)
+# pool threads run this much nicer than the event loop: on a box with few cores, the seconds of
+# CPU a flood of large prompts costs (tokenizing, GIL released) go where the loop leaves them
+POOL_NICE = 10
 
 
 def request_weight(messages: Iterable[Any], tools: Any = None, kwargs: Any = None, enough: int = OFFLOAD_CHARS) -> int:
@@ -101,6 +105,17 @@ def fix_mmap_threshold(nbytes: int = MMAP_THRESHOLD_BYTES) -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, nbytes))
+
+
+def lower_priority(steps: int = POOL_NICE) -> bool:
+    """This thread's CPU priority ``steps`` below its process's (Linux: niceness is per thread);
+    False where that cannot be set."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + steps))
+    except (AttributeError, OSError):
+        return False
+    return True
 
 
 def tokenizer_busy(timeout_s: float) -> APIError:
@@ -235,6 +250,7 @@ class Offload:
                 job.future.cancel()  # a running job's result (or error) is dropped unread
 
     def _work(self) -> None:
+        lower_priority()
         while True:
             with self._cond:
                 job = self._next_job()

@@ -317,6 +317,16 @@ class HonestAgents(Agents):
         self.deadline = 0.0
 
 
+async def record_chunk_gaps(resp: aiohttp.ClientResponse, out: list[tuple[float, float]]) -> None:
+    """Every gap between two chunks of ``resp``'s body, as (when the later chunk came, gap s)."""
+    last = None
+    async for _ in resp.content.iter_any():
+        now = time.time()
+        if last is not None:
+            out.append((now, now - last))
+        last = now
+
+
 async def probe_stream(url: str, stop: asyncio.Event, out: list[tuple[float, float]], failures: list[float],
                        max_tokens: int = 400) -> None:
     """A small streaming client: one short chat request at a time, each reply ``max_tokens`` long,
@@ -330,12 +340,7 @@ async def probe_stream(url: str, stop: asyncio.Event, out: list[tuple[float, flo
                 async with http.post(url + DOOR_PATHS["chat"], data=body, headers=headers) as resp:
                     if resp.status != 200:
                         failures.append(time.time())
-                    last = None
-                    async for _ in resp.content.iter_any():
-                        now = time.time()
-                        if last is not None:
-                            out.append((now, now - last))
-                        last = now
+                    await record_chunk_gaps(resp, out)
             except (aiohttp.ClientError, asyncio.TimeoutError):
                 failures.append(time.time())
                 await asyncio.sleep(0.05)

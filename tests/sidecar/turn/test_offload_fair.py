@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import threading
 import time
 import weakref
 
@@ -92,6 +94,20 @@ async def test_nothing_of_a_finished_job_stays_alive_on_its_thread():
         gc.collect()
         assert alive() is None, "the pool thread still holds the last request"
     offload.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="per-thread niceness is Linux's")
+async def test_pool_threads_run_nicer_than_the_event_loop():
+    """Tokenizing a flood of large prompts is seconds of CPU with the GIL released: on a box of two
+    cores it would take the loop's core (issue 27.3); the pool's threads yield it to the loop."""
+    offload = Offload(timeout_s=10, threads=2)
+    try:
+        mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        theirs = await offload.run(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        assert theirs == min(19, mine + offload_module.POOL_NICE) > mine
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine  # the loop's own stays
+    finally:
+        offload.close()
 
 
 def test_every_field_counts_toward_the_weight():

@@ -57,7 +57,8 @@ async def test_an_engine_that_starts_later_is_read_before_any_session_is_admitte
         resp = await client.post("/v1/chat/completions", json=_ask("hi", "later"))
         assert resp.status == 200  # asked again at once, not after the next periodic read
         policy = client.app[keys.TURNS].policy
-        assert [r.budget_tokens for r in policy.placement.rooms()] == [policy.admission_settings.headroom * (4096 + 8193)]  # GPU + host
+        headroom = policy.admission_settings.headroom
+        assert [r.budget_tokens for r in policy.placement.rooms()] == [4096 + 8193 - (1 - headroom) * 4096]  # GPU + host, less the GPU's headroom
         health = await (await client.get("/health")).json()
         assert health["capacity"] == {"gpu_tokens": 4096, "host_tokens": 8193, "plugin": False}
         metrics = await (await client.get("/metrics")).text()

@@ -1,125 +1,21 @@
-"""The no-harm simulator table (issue 24): stock HiCache vs the product on six workloads, one command.
+"""The no-harm simulator table (issue 24), first round: stock HiCache vs the product on six workloads.
 
     PYTHONPATH=. python3 benchmarks/scripts/sim/no-harm-2026-12-01/run.py [--jobs N] [--only W ...] [--rows R ...]
         [--out DIR] [--table-only]
 
-Each cell is one ``sglang-sidecar simulate`` run (its command is stored in its JSON, and all of them
-in commands.txt); the workloads are the ones ``benchmarks/run_matrix.sh`` runs on the GPU, with
-the same traces and replication. Writes DIR/<row>-<workload>.json (+ -turns.csv) and DIR/table.md.
-The simulator is deterministic: the figures depend only on the repository.
+The table, its workloads and its columns: ``sidecar_tools/simulator/no_harm.py``. This round's product is
+the plugin's config of the time, ``{"max_leased_fraction": 0.8}`` (a re-run gets today's defaults for
+everything that config does not name).
 """
 
-from __future__ import annotations
+from sidecar_tools.simulator.no_harm import REPO, Round, product, run, stock, unconstrained
 
-import argparse
-import json
-import subprocess
-import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[4]
-HERE = REPO / "benchmarks" / "results" / "sim" / "no-harm-2026-12-01"  # where its results live
-REAL = "benchmarks/results/real-traces"
-OVERLOAD = "benchmarks/results/h200-2026-12-01/trace-overload.jsonl"
-KV = 173_200
-UNCONSTRAINED_KV = 600_000
-
-# workload -> (trace flags, host-tier ratio); the same as run_matrix.sh's
-WORKLOADS = {
-    "0.5s": (["--synthetic", "reference", "--tool-wait", "0.5"], 3),
-    "5s": (["--synthetic", "reference", "--tool-wait", "5"], 3),
-    "tracelab": (["--trace", f"{REAL}/tracelab-examples.jsonl", "--replicate", "7", "--replicate-offset", "20",
-                  "--context-length", "65536"], 3),
-    "miniswe": (["--trace", f"{REAL}/lmcache-miniswe.jsonl", "--start-spacing", "1", "--replicate", "2",
-                 "--replicate-offset", "0.5", "--context-length", "65536"], 3),
-    "overload": (["--trace", OVERLOAD, "--tool-wait", "0.5"], 1),
-    "tracelab-r1": (["--trace", f"{REAL}/tracelab-examples.jsonl", "--replicate", "7", "--replicate-offset", "20",
-                     "--context-length", "65536"], 1),
-}
-PLUGIN_CONFIG = '{"max_leased_fraction": 0.8}'
-ROWS = {
-    "hicache": lambda r: ["--policy", "lru", "--hicache-ratio", str(r)],
-    "product": lambda r: ["--policy", "session_ttl", "--policy-config", PLUGIN_CONFIG,
-                          "--sidecar-config", "configs/coding-agent.toml", "--hicache-ratio", str(r)],
-    "unconstrained": lambda r: ["--policy", "lru"],
-}
-UNCONSTRAINED_ON = ("0.5s", "tracelab")
-
-
-def command(row: str, workload: str) -> list[str]:
-    flags, ratio = WORKLOADS[workload]
-    kv = UNCONSTRAINED_KV if row == "unconstrained" else KV
-    return [sys.executable, "-m", "sidecar", "simulate", *flags, "--kv-tokens", str(kv), *ROWS[row](ratio),
-            "--name", f"{row}-{workload}", "--out", str(OUT.relative_to(REPO) if OUT.is_relative_to(REPO) else OUT)]
-
-
-def run_one(cmd: list[str]) -> str:
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
-    return done.stdout.strip().splitlines()[-1]
-
-
-def _turn_p99_later(path: Path) -> float | None:
-    import csv
-
-    with path.open(newline="") as f:
-        xs = sorted(float(t["ttft_s"]) for t in csv.DictReader(f) if t["ttft_s"] and int(t["turn"]) > 0)
-    return xs[min(len(xs) - 1, int(round(0.99 * (len(xs) - 1))))] if xs else None
-
-
-def table() -> str:
-    out = ["| workload | run | makespan | x hicache | recomputed | TTFT p50 | x | TTFT p90 | x | TTFT p99 | x | "
-           "later-turn p99 | failed |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for w in WORKLOADS:
-        base = OUT / f"hicache-{w}.json"
-        b = json.loads(base.read_text())["summary"] if base.exists() else None
-        for row in ROWS:
-            p = OUT / f"{row}-{w}.json"
-            if not p.exists():
-                continue
-            s = json.loads(p.read_text())["summary"]
-            later = _turn_p99_later(OUT / f"{row}-{w}-turns.csv")
-
-            def ratio(key: str) -> str:
-                return f"{s[key] / b[key]:.2f}x" if b and b[key] else "-"
-
-            out.append(f"| {w} | {row} | {s['makespan_s']:.1f} s | {ratio('makespan_s')} | "
-                       f"{100 * s['recomputed_share']:.1f} % | {s['ttft_p50_s']:.2f} s | {ratio('ttft_p50_s')} | "
-                       f"{s['ttft_p90_s']:.2f} s | {ratio('ttft_p90_s')} | {s['ttft_p99_s']:.2f} s | "
-                       f"{ratio('ttft_p99_s')} | {later:.2f} s | {s['turns_failed']} |")
-    return "\n".join(out) + "\n"
-
-
-def main() -> None:
-    global OUT
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--only", nargs="*", default=None, help="workloads")
-    ap.add_argument("--rows", nargs="*", default=None, help="rows (hicache product unconstrained)")
-    ap.add_argument("--out", default=str(HERE))
-    ap.add_argument("--table-only", action="store_true")
-    args = ap.parse_args()
-    OUT = Path(args.out).resolve()
-    OUT.mkdir(parents=True, exist_ok=True)
-    jobs = [(r, w) for w in WORKLOADS for r in ROWS
-            if (args.only is None or w in args.only) and (args.rows is None or r in args.rows)
-            and (r != "unconstrained" or w in UNCONSTRAINED_ON)]
-    if not args.table_only:
-        cmds = [command(r, w) for r, w in jobs]
-        with (OUT / "commands.txt").open("a") as f:
-            for c in cmds:
-                f.write(" ".join(c[1:] if c[0] == sys.executable else c).replace("-m sidecar", "python3 -m sidecar", 1) + "\n")
-        t0 = time.monotonic()
-        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            for (r, w), line in zip(jobs, pool.map(run_one, cmds)):
-                print(f"[{time.monotonic() - t0:6.0f} s] {line}", flush=True)
-    md = table()
-    (OUT / "table.md").write_text(md)
-    print(md)
-
+PLUGIN = {"max_leased_fraction": 0.8}
+ROUND = Round(
+    out=REPO / "benchmarks" / "results" / "sim" / "no-harm-2026-12-01",
+    rows={"hicache": stock, "product": lambda r: product(PLUGIN, r), "unconstrained": unconstrained},
+    unconstrained_on=("0.5s", "tracelab"),
+)
 
 if __name__ == "__main__":
-    main()
+    run(ROUND, description=__doc__.splitlines()[0])
