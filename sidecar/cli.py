@@ -215,6 +215,7 @@ def _say_listening(url: str, stops: str, as_json: bool) -> None:
         click.echo(f"\nsidecar {text}\n", err=True)
 
 
+YOUNG_GC_AFTER_ALLOCATIONS = 20_000  # CPython's default is 700
 FULL_GC_AFTER_GEN1_PASSES = 100  # CPython's default is 10
 
 
@@ -225,12 +226,15 @@ async def _tune_gc_for_serving(app) -> None:
     full GC pass over them stalls every stream, so they are frozen out of the collector. A full pass
     still walks every live session and connection and in the load tests never found anything to
     free (request garbage dies young), so it runs 10x less often. (The stall sizes were measured in
-    an earlier round's load runs, which are not committed.)
+    an earlier round's load runs, which are not committed.) A young pass comes every 20,000 net
+    allocations instead of 700 (with hundreds of streams in flight, fewer passes, and fewer of the
+    turns' live objects promoted into the generations walked later): the collector's functions were 12 % of the saturated sidecar's CPU, 5 % after (perf at
+    700 sessions, ``benchmarks/results/load/ceiling-2026-12-02-perf-*.txt``).
     """
     gc.collect()
     gc.freeze()
-    gen0, gen1, _ = gc.get_threshold()
-    gc.set_threshold(gen0, gen1, FULL_GC_AFTER_GEN1_PASSES)
+    _, gen1, _ = gc.get_threshold()
+    gc.set_threshold(YOUNG_GC_AFTER_ALLOCATIONS, gen1, FULL_GC_AFTER_GEN1_PASSES)
 
 
 def new_event_loop(kind: str) -> asyncio.AbstractEventLoop:

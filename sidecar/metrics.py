@@ -8,10 +8,11 @@ them.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 CLIENT_CLOSED = 499  # status of a request whose client went away before the answer ended (nginx's code)
@@ -39,6 +40,36 @@ class _SessionStates(Collector):
         for state in SESSION_STATES:
             family.add_metric([state], counts.get(state, 0))
         yield family
+
+
+class _TokenHistogram(Collector):
+    """A histogram observed once per token arrival, on the event loop: bucket counts in a plain
+    list, turned into Prometheus' cumulative buckets at scrape time. prometheus-client's
+    ``Histogram.observe`` takes two locks per call (~1.3 us; this ~0.2 us), and the relay observes
+    every chunk of every stream. Same exposition as a ``Histogram`` (``_bucket``, ``_sum``, ``_count``)."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]):
+        self.name, self.documentation = name, documentation
+        self.bounds = tuple(float(b) for b in buckets)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last: above every bound (+Inf only)
+        self.sum = 0.0
+
+    def observe(self, value: float, times: int = 1) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += times  # le: a value on a bound counts there
+        for _ in range(times):  # added one at a time, as a Histogram sums them (the same float)
+            self.sum += value
+
+    def collect(self):
+        cumulative, total = [], 0
+        for bound, count in zip(self.bounds + (float("inf"),), list(self.counts)):
+            total += count
+            cumulative.append((_bound_text(bound), total))
+        yield HistogramMetricFamily(self.name, self.documentation, buckets=cumulative, sum_value=self.sum)
+
+
+def _bound_text(bound: float) -> str:
+    """A bucket's ``le`` as prometheus-client's Histogram writes it (``0.01``, ``1.0``, ``+Inf``)."""
+    return "+Inf" if bound == float("inf") else repr(bound)
 
 
 class SidecarMetrics:
@@ -87,12 +118,12 @@ class SidecarMetrics:
             buckets=TTFT_BUCKETS,
             registry=r,
         )
-        self.itl = Histogram(
+        self.itl = _TokenHistogram(
             "sidecar_inter_token_latency_seconds",
             "Time between tokens as they arrive from SGLang (a chunk of n tokens counts n times its interval / n)",
-            buckets=ITL_BUCKETS,
-            registry=r,
+            ITL_BUCKETS,
         )
+        r.register(self.itl)
         self.sessions_rehomed = Counter(
             "sidecar_sessions_rehomed",
             "Sessions whose worker was lost (down or removed) and that continued on another worker; "
@@ -134,6 +165,4 @@ class SidecarMetrics:
 
     def observe_tokens(self, interval_s: float, n_tokens: int) -> None:
         """``n_tokens`` new tokens arrived ``interval_s`` after the previous ones (as SGLang counts)."""
-        per_token = interval_s / n_tokens
-        for _ in range(n_tokens):
-            self.itl.observe(per_token)
+        self.itl.observe(interval_s / n_tokens, n_tokens)

@@ -123,12 +123,29 @@ class EngineClient:
         headers: dict[str, str] | None = None,
         on_response: Callable[[Mapping[str, str]], None] | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
-        """Yield SGLang's stream chunks (cumulative output_ids + meta_info) as they arrive;
+        """Every chunk of :meth:`generate_batches` (none left unparsed), a chunk at a time."""
+        async for batch in self.generate_batches(payload, headers, on_response, every=True):
+            for chunk in batch:
+                yield chunk
+
+    async def generate_batches(
+        self,
+        payload: dict[str, Any],
+        headers: dict[str, str] | None = None,
+        on_response: Callable[[Mapping[str, str]], None] | None = None,
+        every: bool = False,
+    ) -> AsyncIterator[list[dict[str, Any]]]:
+        """Yield SGLang's stream chunks (cumulative output_ids + meta_info) as they arrive, as
+        lists of the chunks that one network read brought (never empty): a reader that is behind
+        takes several at once, and since each chunk is cumulative it may act on the newest one
+        only. Unless ``every``, the chunks the newest one supersedes are left out unparsed
+        (``_read_lines``).
         ``headers`` are added (smg's target-worker header, when the request goes through smg).
         ``on_response`` sees the response headers before any chunk is read (smg names the worker
         that took the request there); what it raises ends the stream.
 
         Past ``request_timeout`` it raises engine_timeout; SGLang may still be generating then.
+        An error event raises its APIError after the chunks before it were yielded.
         """
         body = _json_body({**payload, "stream": True})
         timeout = aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=self.connect_timeout)
@@ -141,21 +158,22 @@ class EngineClient:
             if on_response is not None:
                 on_response(resp.headers)
             splitter = _LineSplitter()
-            async for chunk in resp.content.iter_any():
-                for line in splitter.feed(chunk):
-                    event = sse_event(line)
-                    if event is _DONE:
-                        done = True
-                        return
-                    if event is not None:
-                        yield event
-            for line in splitter.flush():
-                event = sse_event(line)
-                if event is _DONE:
+            lines = splitter.feed
+            async for data in resp.content.iter_any():
+                batch, at_done, error = _read_lines(lines(data), every)
+                if batch:
+                    yield batch
+                if error is not None:
+                    raise error
+                if at_done:  # done only once the reader came back for more: it took every chunk
                     done = True
                     return
-                if event is not None:
-                    yield event
+            batch, at_done, error = _read_lines(splitter.flush(), every)
+            if batch:
+                yield batch
+            if error is not None:
+                raise error
+            done = at_done
         except asyncio.TimeoutError:
             raise engine_timeout(f"SGLang did not finish within {self.request_timeout:g} s") from None
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
@@ -236,6 +254,45 @@ def sse_event(line: bytes) -> Any:
     if isinstance(event, dict) and "error" in event:
         raise _map_stream_error(event["error"])
     return event
+
+
+def _read_lines(lines: list[bytes], every: bool = False) -> tuple[list[dict[str, Any]], bool, APIError | None]:
+    """The chunks of one read's SSE lines; whether SGLang's [DONE] was among them; the error of an
+    error event among them. Nothing after [DONE] or an error event is read.
+
+    Unless ``every``, a chunk that another chunk of the same read follows is left unparsed when
+    it plainly neither finished the reply nor reports an error: SGLang's chunks are cumulative, so
+    the later one holds everything it did (the JSON of a chunk that repeats all ids so far is most
+    of what reading one costs)."""
+    data = [line for line in lines if line.startswith(b"data:")]
+    batch: list[dict[str, Any]] = []
+    for i, line in enumerate(data):
+        if not every and i + 1 < len(data) and _superseded(line, data[i + 1]):
+            continue
+        try:
+            event = sse_event(line)
+        except APIError as err:
+            return batch, False, err
+        if event is _DONE:
+            return batch, True, None
+        if event is not None:
+            batch.append(event)
+    return batch, False, None
+
+
+_UNFINISHED = (b'"finish_reason":null', b'"finish_reason": null')  # compact (orjson, SGLang) or json.dumps
+
+
+def _superseded(line: bytes, following: bytes) -> bool:
+    """Whether the chunk ``line`` says nothing that the chunk ``following`` it does not: it is
+    not finished and has no error, and what follows is a chunk (not [DONE], nor an error that
+    would end the stream before it said more). Anything else is parsed."""
+    return (
+        following[5:].strip() != b"[DONE]"
+        and b'"error"' not in following
+        and b'"error"' not in line
+        and (_UNFINISHED[0] in line or _UNFINISHED[1] in line)
+    )
 
 
 class _LineSplitter:

@@ -127,7 +127,7 @@ class ServedElsewhere(Exception):
 
 
 class WorkerRoute:
-    """``generate_stream`` and ``abort`` for one worker (the relay's engine): the stream goes
+    """``generate_batches`` and ``abort`` for one worker (the relay's engine): the stream goes
     through smg with the target header when smg fronts the workers, aborts to the worker that runs
     the request. A failure that means the worker is gone marks it down.
 
@@ -142,12 +142,13 @@ class WorkerRoute:
         self.served_by: str | None = None  # the worker smg served it on, when not ``worker``
         self._rids: dict[str, str] = {}  # the rid a request was first sent with -> the one it runs under
 
-    async def generate_stream(self, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def generate_batches(self, payload: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
+        """The worker's stream, as ``EngineClient.generate_batches`` yields it."""
         worker, gateway = self.worker, self.worker.gateway
         if gateway is None:
             try:
-                async for chunk in worker.client.generate_stream(payload):
-                    yield chunk
+                async for batch in worker.client.generate_batches(payload):
+                    yield batch
             except APIError as err:
                 if _worker_gone(err):
                     worker.mark_down(err.message)
@@ -157,11 +158,11 @@ class WorkerRoute:
         for attempt in range(2):
             last = attempt == 1
             try:
-                async for chunk in gateway.client.generate_stream(
+                async for batch in gateway.client.generate_batches(
                     payload, gateway.headers_for(worker.url), lambda headers: self._check_routed(headers, last)
                 ):
                     received = True
-                    yield chunk
+                    yield batch
                 return
             except ServedElsewhere as elsewhere:
                 log.warning("smg sent a request for %s to %s (its worker index shifted); sending it again",

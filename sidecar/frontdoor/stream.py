@@ -113,8 +113,8 @@ async def stream_reply(
             started()
 
     try:
-        async for event in turn.events():
-            await send(opened() + frames.event(event))
+        async for batch in turn.batches():  # one write for what one read of the engine brought
+            await send(opened() + b"".join([frames.event(event) for event in batch]))
         await send(opened() + frames.closing(), last=True)
     except APIError as err:
         if response is None:

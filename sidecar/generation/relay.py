@@ -48,6 +48,16 @@ class GenerationResult:
         return event
 
 
+def _newest(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chunk of a read that stands for all of it: the first that finished the reply (SGLang
+    sends nothing after it but [DONE]), else the last (cumulative: it holds every id before it)."""
+    if len(chunks) > 1:
+        for chunk in chunks:
+            if (chunk.get("meta_info") or {}).get("finish_reason") is not None:
+                return chunk
+    return chunks[-1]
+
+
 class Generation:
     """Run one /generate stream and translate it; iterate :meth:`events`, read :attr:`result`,
     and :meth:`close` it when the turn is over, however it ended."""
@@ -77,21 +87,36 @@ class Generation:
         self._engine_busy = False  # the request went to SGLang, which has not ended it
 
     async def events(self) -> AsyncIterator[Event]:
+        """:meth:`batches`, an event at a time."""
+        async for batch in self.batches():
+            for event in batch:
+                yield event
+
+    async def batches(self) -> AsyncIterator[list[Event]]:
+        """The reply's events, as lists (never empty) of what one read of SGLang's stream brought.
+
+        A read may bring several chunks (the reader was behind, or the engine released several
+        steps at once); SGLang's chunks are cumulative, so only the newest is detokenized and the
+        text they add is parsed once: one content delta instead of one per chunk, the same text
+        (the detokenizer, stop strings and tool-call parser give the same result however their
+        input is split)."""
         result = self.result
         if self.forced_text:
-            for event in self.parser.feed(self.forced_text):
-                yield result.add(event)
+            forced = [result.add(event) for event in self.parser.feed(self.forced_text)]
+            if forced:
+                yield forced
         stopped_by_string = False
         self._engine_busy = True
         seen, last_at = 0, 0.0
         finished = False
         try:
-            async for chunk in self.engine.generate_stream(self.payload):
+            async for chunks in self.engine.generate_batches(self.payload):
                 if finished:
                     # past the finish only SGLang's [DONE] comes: reading it to the end of the body
                     # keeps the connection for the next turn (one left unread is closed, and the
                     # next turn pays a new TCP connection on both sides)
                     continue
+                chunk = _newest(chunks)
                 ids = chunk.get("output_ids") or []
                 meta = chunk.get("meta_info") or {}
                 if len(ids) > seen:
@@ -107,8 +132,10 @@ class Generation:
                 finish = meta.get("finish_reason")
                 if self.stop is not None and text:
                     text, stopped_by_string = self.stop.feed(text)
-                for event in self.parser.feed(text) if text else ():
-                    yield result.add(event)
+                if text:
+                    batch = [result.add(event) for event in self.parser.feed(text)]
+                    if batch:
+                        yield batch
                 if stopped_by_string:
                     await self._abort()
                     result.finish_reason = "stop"
@@ -124,20 +151,23 @@ class Generation:
             if err.code != "engine_timeout":  # SGLang refused, failed or dropped it: nothing runs on
                 self._engine_busy = False
             raise
+        tail_events: list[Event] = []
         if not stopped_by_string:
             tail = self.detok.flush()
             if self.stop is not None:
                 held, stopped_by_string = self.stop.feed(tail) if tail else ("", False)
                 tail = held if stopped_by_string else held + self.stop.flush()
-            for event in self.parser.feed(tail) if tail else ():
-                yield result.add(event)
-        for event in self.parser.finish():
-            yield result.add(event)
+            if tail:
+                tail_events += self.parser.feed(tail)
+        tail_events += self.parser.finish()
         if self.stop is not None:
             result.stop_sequence = self.stop.matched
+        last = [result.add(event) for event in tail_events]
         if result.tool_calls and result.finish_reason == "stop":
             result.finish_reason = "tool_calls"
         self.finished = True
+        if last:
+            yield last
 
     def close(self) -> None:
         """The turn is over. If SGLang may still be generating for it (the agent went away, the

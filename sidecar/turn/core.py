@@ -177,6 +177,11 @@ class Turn:
         """The reply's content and tool-call events as the engine streams them."""
         return self.generation.events()
 
+    def batches(self) -> AsyncIterator[list[Event]]:
+        """The same events, as lists of what one read of the engine's stream brought (a stream
+        writes each list at once)."""
+        return self.generation.batches()
+
     async def __aenter__(self) -> Turn:
         req, self._request = self._request, None
         core = self.core

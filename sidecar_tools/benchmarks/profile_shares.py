@@ -37,7 +37,7 @@ GROUPS: list[tuple[str, Callable[[Stack], bool]]] = [
     ("remember the turn", lambda s: _any(s, {"Turn._record", "remember_turn"})),
     ("engine request (aiohttp client send)", lambda s: _any(s, {"EngineClient._open"})),
     ("relay: SSE frames + writes to the agent", lambda s: _any(s, {"stream_reply.<locals>.send"})),
-    ("relay: read + parse SGLang chunks, detokenize, tool calls", lambda s: _any(s, {"Generation.events", "EngineClient.generate_stream"})),
+    ("relay: read + parse SGLang chunks, detokenize, tool calls", lambda s: _any(s, {"Generation.events", "Generation.batches", "EngineClient.generate_stream", "EngineClient.generate_batches"})),
     ("rest of the handler", lambda s: _any(s, {"chat_completions", "stream_reply"})),
     ("event loop, sockets, aiohttp outside the handler", lambda s: True),
 ]

@@ -234,9 +234,9 @@ def _relay(renderer, reply_ids: list[int], frames) -> Callable[[], Any]:
         lines.append(b"data: " + json.dumps(chunk).encode())
 
     class Engine:
-        async def generate_stream(self, payload):
+        async def generate_batches(self, payload):  # a chunk a read, as an idle sidecar reads them
             for line in lines:
-                yield sse_event(line)
+                yield [sse_event(line)]
 
     def run() -> None:
         """One reply, driven without an event loop: nothing in it really waits."""

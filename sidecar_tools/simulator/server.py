@@ -100,8 +100,10 @@ class SimServer:
                  eos_token_ids: tuple[int, ...] = DEFAULT_EOS_IDS, api_key: str | None = None,
                  enable_streaming_session: bool = False, server_info_overrides: dict[str, Any] | None = None,
                  record: bool = True, record_timings: bool = False,
-                 engine_factory: Callable[[], Engine] | None = None, l3: SharedStorage | None = None):
+                 engine_factory: Callable[[], Engine] | None = None, l3: SharedStorage | None = None,
+                 stream_interval: int = 1):
         self.engine = engine
+        self.stream_interval = max(1, stream_interval)  # SGLang's --stream-interval (a request's own wins)
         self.l3 = l3  # HiCache L3 storage shared with other workers (standin_storage.py)
         self.engine_factory = engine_factory  # restart() builds the new process's engine with it
         self.time_scale = time_scale
@@ -454,7 +456,7 @@ class SimServer:
 
     async def _stream(self, request: web.Request, flight: _Flight, drop: bool) -> web.StreamResponse:
         resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
-        interval, sent = max(1, flight.params.get("stream_interval") or 1), -1
+        interval, sent = max(1, flight.params.get("stream_interval") or self.stream_interval), -1
         try:
             if flight.dropped:
                 raise _Dropped

@@ -75,6 +75,7 @@ class SGLangStandIn(SimServer):
         record: bool = True,
         record_timings: bool = False,
         l3: SharedStorage | None = None,
+        stream_interval: int = 1,
     ):
         if disable_radix_cache and (policy != "lru" or policy_config or enable_session_radix_cache):
             raise ValueError("without a radix cache there is no eviction policy or session cache to configure")
@@ -90,7 +91,7 @@ class SGLangStandIn(SimServer):
             model_name=served_model_name or model_path, model_path=model_path, tokenizer_path=tokenizer_path,
             seed=seed, responder=responder, eos_token_ids=eos_token_ids, api_key=api_key,
             enable_streaming_session=enable_streaming_session, server_info_overrides=server_info_overrides,
-            record=record, record_timings=record_timings, l3=l3,
+            record=record, record_timings=record_timings, l3=l3, stream_interval=stream_interval,
         )
 
     def _new_engine(self) -> SimEngine | NoCacheEngine:

@@ -6,7 +6,12 @@ import time
 import aiohttp
 from aiohttp import web
 
-from sidecar.engine.client import EngineClient, _LineSplitter
+import json
+
+import pytest
+
+from sidecar.engine.client import EngineClient, _LineSplitter, _read_lines
+from sidecar.errors import APIError
 
 
 def test_line_splitter_rejoins_lines_split_across_chunks():
@@ -17,6 +22,50 @@ def test_line_splitter_rejoins_lines_split_across_chunks():
     assert s.flush() == []
     assert s.feed(b"no newline at the end") == []
     assert s.flush() == [b"no newline at the end"]
+
+
+def _line(chunk) -> bytes:
+    return b"data: " + (chunk if isinstance(chunk, bytes) else json.dumps(chunk).encode())
+
+
+def _chunk(n, finish=None):
+    return {"output_ids": list(range(n)), "meta_info": {"finish_reason": finish}}
+
+
+def test_a_read_keeps_the_newest_chunk_and_whatever_finishes_or_fails():
+    """Of several chunks one read brought, a plain cumulative chunk another chunk follows is left
+    out (the newer one holds all it said); the last, a finishing one and an error are never."""
+    lines = [_line(_chunk(1)), b"", _line(_chunk(2)), b"", _line(_chunk(3)), b""]
+    assert _read_lines(lines) == ([_chunk(3)], False, None)
+    assert _read_lines(lines, every=True) == ([_chunk(1), _chunk(2), _chunk(3)], False, None)
+    compact = [_line(b'{"output_ids":[0],"meta_info":{"finish_reason":null}}'), _line(_chunk(2))]
+    assert _read_lines(compact)[0] == [_chunk(2)]  # SGLang's own (orjson's) spelling
+    finished = [_line(_chunk(1)), _line(_chunk(2, {"type": "stop"})), _line(b"[DONE]"), _line(_chunk(9))]
+    assert _read_lines(finished) == ([_chunk(2, {"type": "stop"})], True, None)  # nothing after [DONE]
+    batch, done, error = _read_lines([_line(_chunk(1)), _line({"error": {"message": "boom"}}), _line(_chunk(2))])
+    assert batch == [_chunk(1)] and not done and isinstance(error, APIError) and "boom" in error.message
+
+
+async def test_a_read_of_several_chunks_is_one_batch_and_an_error_comes_after_them():
+    async def handler(request):
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await resp.write(b"".join(_line(c) + b"\n\n" for c in (_chunk(1), _chunk(2), _chunk(3))))
+        await asyncio.sleep(0.05)
+        await resp.write(_line(_chunk(4)) + b"\n\n" + _line({"error": {"message": "engine fell over"}}) + b"\n\n")
+        await resp.write_eof()
+        return resp
+
+    runner, url = await _serve(handler)
+    batches = []
+    try:
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(APIError, match="engine fell over"):
+                async for batch in EngineClient(url, http).generate_batches({"rid": "r1", "input_ids": [1]}):
+                    batches.append(batch)
+    finally:
+        await runner.cleanup()
+    assert batches == [[_chunk(3)], [_chunk(4)]]
 
 
 async def _serve(handler):

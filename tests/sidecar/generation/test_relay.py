@@ -24,10 +24,10 @@ class Engine:
         self.ids, self.finish, self.error = ids, finish, error
         self.aborted: list[str] = []
 
-    async def generate_stream(self, payload):
+    async def generate_batches(self, payload):  # a chunk a read
         for n in range(1, len(self.ids) + 1):
             last = n == len(self.ids)
-            yield {"output_ids": self.ids[:n], "meta_info": {"finish_reason": self.finish if last and not self.error else None}}
+            yield [{"output_ids": self.ids[:n], "meta_info": {"finish_reason": self.finish if last and not self.error else None}}]
             await asyncio.sleep(0)
         if self.error is not None:
             raise self.error
@@ -112,10 +112,10 @@ async def test_after_the_finish_the_stream_is_read_to_its_end_and_nothing_more_i
     class Chatty(Engine):
         ended = False
 
-        async def generate_stream(self, payload):
-            async for chunk in super().generate_stream(payload):
-                yield chunk
-            yield {"output_ids": self.ids + [5, 5], "meta_info": {"finish_reason": None}}
+        async def generate_batches(self, payload):
+            async for batch in super().generate_batches(payload):
+                yield batch
+            yield [{"output_ids": self.ids + [5, 5], "meta_info": {"finish_reason": None}}]
             self.ended = True
 
     engine = Chatty([7, 4, 11, 11, 14], finish={"type": "stop", "matched": 99})
@@ -123,3 +123,49 @@ async def test_after_the_finish_the_stream_is_read_to_its_end_and_nothing_more_i
     assert await read_all(gen) == "hello"
     assert engine.ended and gen.finished
     assert gen.result.output_ids == [7, 4, 11, 11, 14, 99]
+
+
+class Batched(Engine):
+    """Streams the same cumulative chunks, ``size`` of them a read (as a reader that fell behind
+    takes them)."""
+
+    def __init__(self, ids, size, finish=None):
+        super().__init__(ids, finish)
+        self.size = size
+
+    async def generate_batches(self, payload):
+        chunks = [c async for batch in super().generate_batches(payload) for c in batch]
+        for i in range(0, len(chunks), self.size):
+            yield chunks[i : i + self.size]
+
+
+@pytest.mark.parametrize("size", [2, 3, 100])
+async def test_chunks_read_together_are_one_batch_of_the_same_text_and_ids(size):
+    text = 'ok then <tool_call>{"name": "bash", "arguments": {"cmd": "ls"}}</tool_call>'
+    ids = [ord(c) - 97 for c in text]
+    one, batched = generation(Engine(ids, finish={"type": "stop", "matched": 99}), tools=True), None
+    events_one = [e async for e in one.events()]
+    batched = generation(Batched(ids, size, finish={"type": "stop", "matched": 99}), tools=True)
+    batches = [b async for b in batched.batches()]
+    assert all(batches) and len(batches) < len(ids)  # a batch per read that brought text, none empty
+    content = lambda events: "".join(e.text for e in events if hasattr(e, "text"))  # noqa: E731
+    flat = [e for b in batches for e in b]
+    assert content(flat) == content(events_one) == "ok then"
+    assert batched.result.output_ids == one.result.output_ids == ids + [99]
+    assert [(c.name, c.arguments) for c in batched.result.tool_calls] == [("bash", '{"cmd": "ls"}')]
+    assert batched.result.finish_reason == "tool_calls" and batched.finished
+
+
+async def test_a_stop_string_inside_a_batch_ends_the_reply_at_it():
+    engine = Batched([7, 4, 11, 11, 14, 22, 14, 17, 11, 3], 4, finish={"type": "length"})  # "hellowor" ...
+    gen = generation(engine, stop=["wor"])
+    assert await read_all(gen) == "hello"
+    assert engine.aborted == ["r1"] and gen.result.finish_reason == "stop"
+
+
+async def test_a_batch_counts_its_tokens_once_for_the_inter_token_latency():
+    heard = []
+    gen = Generation(Batched(list(range(9)), 3, finish={"type": "length"}), {"rid": "r1", "input_ids": [1, 2]},
+                     Letters(), get_tool_parser("none"), None, on_tokens=lambda interval, n: heard.append(n))
+    await read_all(gen)
+    assert heard == [3, 3]  # the first read's tokens start the clock; then a call per read of 3

@@ -119,6 +119,14 @@ async def test_stream_interval_batches_chunks(sglang_double):
     assert [len(c["output_ids"]) for c in chunks] == [1, 3, 5]  # first at once, then every 2
 
 
+async def test_server_stream_interval_is_the_default_a_request_overrides(make_sglang_double):
+    double = await make_sglang_double(stream_interval=3)  # SGLang's --stream-interval 3
+    for params, lengths in (({}, [1, 4, 7]), ({"stream_interval": 1}, [1, 2, 3, 4, 5, 6, 7])):
+        _, text = await post(double.url, "/generate",
+                             {"input_ids": [1], "stream": True, "sampling_params": {"max_new_tokens": 7, **params}})
+        assert [len(c["output_ids"]) for c in parse_sse(text)[:-1]] == lengths
+
+
 async def test_eos_stops_generation_and_is_kept_in_output_ids(make_sglang_double):
     double = await make_sglang_double(responder=scripted_responder([10, 11, IM_END_ID, 12, 13]))
     out = await generate(double, input_ids=[1], sampling_params={"max_new_tokens": 50})
