@@ -6,7 +6,10 @@ auth on: one honest key and three attackers' keys), the attackers (a process of 
 each attack, so that sending ~120 MB never stalls the honest client) and this client: ``--agents``
 streaming agents in multi-turn loops (the load test's agents: system prompt, tool calls, tool
 results, think time), a ``/health`` probe every 50 ms and a small streaming client (400-token
-replies, every inter-chunk gap recorded), all on the honest key.
+replies, every inter-chunk gap recorded), all on the honest key; beside them a second small
+streaming client of the same shape reads the engine stand-in's ``/generate`` directly (no sidecar),
+so that a gap both streams see at the same moment is told apart from one the sidecar added
+(``added_gaps``).
 
 The attacks run one after another against the one sidecar (``--attack all`` or a list), each after
 ``--baseline`` s of honest traffic alone:
@@ -25,10 +28,13 @@ The attacks run one after another against the one sidecar (``--attack all`` or a
 
 Per attack (from its first request until its last answer + 1 s): the honest agents' TTFT p99
 against the baseline before it (the added p99), honest turns failed, the streaming client's largest
-gap, the sidecar's own event-loop lag (``sidecar_event_loop_lag_seconds`` read before and after: how
+gap, the direct-engine client's largest gap and the sidecar-added gap (``added_gaps``), the sidecar's own event-loop lag (``sidecar_event_loop_lag_seconds`` read before and after: how
 late its 20 ms timer fired, apart from the engine stand-in's pace that the stream's gaps include), the
 /health maximum, what the attackers got back and how many 5xx (connections refused at the
-cap are 503 by design and counted apart). Memory: the sidecar's RSS before the first attack
+cap are 503 by design and counted apart). Targets (``targets``): the largest gap itself for the body
+attacks (BODY_ATTACKS: issue 27.3's "any body, 10 at once, any door, any field"), the sidecar-added
+gap for the others (their stall may be the engine's, as admission's ~100 new sessions in one step
+is). Memory: the sidecar's RSS before the first attack
 against ``--settle`` s after the last. Writes ``hostile.json`` and ``README.md`` (the table) to
 ``--out`` (default ``benchmarks/results/hostile/<date>/``)::
 
@@ -40,6 +46,7 @@ Every process is stopped at the end, also on Ctrl-C.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import datetime
 import gzip
@@ -79,7 +86,10 @@ ATTACKER_ADDRESS = "127.0.0.2"  # the connections attack's own peer address (the
 WORDS = ("the", "agent", "reads", "file", "error", "test", "passes", "function", "returns", "value", "module",
          "import", "class", "def", "self", "data", "list", "dict", "cache", "token", "prompt", "session")
 FIELDS = ("content", "tool-args", "many-messages", "system", "tools")  # where a body's megabytes are
-ATTACKS = ("bodies", *FIELDS, "keys", "control-tokens", "connections", "admission", "hosts")
+BODY_ATTACKS = ("bodies", *FIELDS, "keys")  # 10 or more bodies of megabytes at once: issue 27.3's "any body"
+OTHER_ATTACKS = ("control-tokens", "connections", "admission", "hosts")  # small or no bodies
+ATTACKS = (*BODY_ATTACKS, *OTHER_ATTACKS)
+GAP_LIMIT_MS = 100.0
 WHAT = {
     "bodies": "50 MB prompt, the same gzip-compressed, {small_clients} x {small_mb:g} MB prompts",
     "content": "{field_clients} x {field_mb:g} MB user message, the doors in turn",
@@ -346,6 +356,67 @@ async def probe_stream(url: str, stop: asyncio.Event, out: list[tuple[float, flo
                 await asyncio.sleep(0.05)
 
 
+async def probe_engine(engine_url: str, stop: asyncio.Event, out: list[tuple[float, float]], failures: list[float],
+                       max_tokens: int = 400) -> None:
+    """The small streaming client's twin straight to the engine stand-in's ``/generate`` (no sidecar):
+    20 prompt tokens, ``max_tokens`` tokens a reply, every gap recorded as ``probe_stream`` does."""
+    body = {"input_ids": list(range(100, 120)), "stream": True,
+            "sampling_params": {"max_new_tokens": max_tokens, "ignore_eos": True, "temperature": 0}}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
+        while not stop.is_set():
+            try:
+                async with http.post(engine_url + "/generate", json=body) as resp:
+                    if resp.status != 200:
+                        failures.append(time.time())
+                    await record_chunk_gaps(resp, out)
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                failures.append(time.time())
+                await asyncio.sleep(0.05)
+
+
+def added_gaps(sidecar: list[tuple[float, float]], direct: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """What the sidecar added to each gap of its stream, as (when the later chunk came, added s).
+
+    Both lists are ``record_chunk_gaps``'s (end, gap) pairs; a gap is the interval [end - gap, end].
+    A sidecar-stream gap's added part is its length less its longest overlap with any one gap of the
+    direct stream (the engine's own longest stall inside it): a stall both streams sit through at the
+    same moment adds nothing, a stall the direct stream streamed through adds all of its length.
+    The attack's sidecar-added gap is the largest of these. Conservative: between two of the direct
+    client's replies (not a gap of ``record_chunk_gaps``) nothing is subtracted, and one engine stall
+    is subtracted, not the sum of several in a row. With no direct gaps at all there is nothing to
+    compare with: ``[]``."""
+    if not direct:
+        return []
+    spans = sorted((end - gap, end) for end, gap in direct)
+    starts = [a for a, _ in spans]
+    longest = max(b - a for a, b in spans)  # a span starting before s0 - longest cannot reach s0
+    out = []
+    for end, gap in sidecar:
+        s0, s1 = end - gap, end
+        overlap = 0.0
+        for a, b in spans[bisect.bisect_left(starts, s0 - longest):bisect.bisect_left(starts, s1)]:
+            overlap = max(overlap, min(b, s1) - max(a, s0))
+        out.append((end, gap - overlap))
+    return out
+
+
+def targets(attacks: dict[str, Any], rss: dict[str, Any]) -> dict[str, bool | None]:
+    """The run's targets from its per-attack rows; a gap target none of whose attacks ran is None."""
+
+    def gaps_within(kinds, key) -> bool | None:
+        rows = [x for kind, x in attacks.items() if kind in kinds]
+        return all((x[key]["attack"] or 0) <= GAP_LIMIT_MS for x in rows) if rows else None
+
+    return {
+        "honest_turns_failed_0": all(x["attack"]["failed"] == 0 and x["stream_failures"] == 0 for x in attacks.values()),
+        "attackers_5xx_0": all(x["server_errors"] == 0 for x in attacks.values()),
+        "stream_gap_max_100ms": gaps_within(BODY_ATTACKS, "stream_gap_max_ms"),
+        "sidecar_added_gap_max_100ms": gaps_within(OTHER_ATTACKS, "added_gap_max_ms"),
+        "loop_lag_max_100ms": all(x["loop_lag"]["attack"]["over_100ms"] == 0 for x in attacks.values()),
+        "rss_after_within_10pct": bool(rss["fresh"]) and rss["after"] <= rss["fresh"] * 1.10,
+    }
+
+
 async def probe_health(url: str, stop: asyncio.Event, out: list[tuple[float, float, int]]) -> None:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
         while not stop.is_set():
@@ -440,9 +511,12 @@ async def run(cfg: dict[str, Any], tokenizer_dir: str, log) -> dict[str, Any]:
         stop = asyncio.Event()
         probes: list[tuple[float, float, int]] = []
         gaps: list[tuple[float, float]] = []
+        direct: list[tuple[float, float]] = []
         stream_failures: list[float] = []
+        direct_failures: list[float] = []
         tasks = [asyncio.create_task(probe_health(url, stop, probes)),
-                 asyncio.create_task(probe_stream(url, stop, gaps, stream_failures))]
+                 asyncio.create_task(probe_stream(url, stop, gaps, stream_failures)),
+                 asyncio.create_task(probe_engine(engine_url, stop, direct, direct_failures))]
         agents = HonestAgents(load, work, url)
         t0 = time.time()
         agents_task = asyncio.create_task(agents.run())
@@ -492,6 +566,11 @@ async def run(cfg: dict[str, Any], tokenizer_dir: str, log) -> dict[str, Any]:
 
     for row in sampler.series:
         row["wall"] = t0 + row["t"]
+    added = added_gaps(gaps, direct)
+
+    def window_max(series, lo, hi):
+        return _max_ms(g for t, g in series if lo <= t < hi)
+
     attacks: dict[str, Any] = {}
     for kind, w in windows.items():
         base, during = _ttft(agents.turns, *w["baseline"]), _ttft(agents.turns, *w["attack"])
@@ -502,9 +581,11 @@ async def run(cfg: dict[str, Any], tokenizer_dir: str, log) -> dict[str, Any]:
             "what": WHAT[kind].format(**cfg),
             "baseline": base, "attack": during,
             "added_ttft_p99_ms": None if a is None or b is None else round(a - b, 1),
-            "stream_gap_max_ms": {"baseline": _max_ms(g for t, g in gaps if w["baseline"][0] <= t < w["baseline"][1]),
-                                  "attack": _max_ms(g for t, g in gaps if lo <= t < hi)},
+            "target": "stream_gap_max_100ms" if kind in BODY_ATTACKS else "sidecar_added_gap_max_100ms",
+            **{name: {"baseline": window_max(series, *w["baseline"]), "attack": window_max(series, lo, hi)}
+               for name, series in (("stream_gap_max_ms", gaps), ("direct_gap_max_ms", direct), ("added_gap_max_ms", added))},
             "stream_failures": sum(lo <= t < hi for t in stream_failures),
+            "direct_failures": sum(lo <= t < hi for t in direct_failures),
             "health_max_ms": _max_ms(lat for t, lat, _ in probes if lo <= t < hi),
             "loop_lag": w["loop_lag"],
             "health_not_200": sum(status != 200 for t, _, status in probes if lo <= t < hi),
@@ -517,18 +598,15 @@ async def run(cfg: dict[str, Any], tokenizer_dir: str, log) -> dict[str, Any]:
     after = _mean(row["sidecar_rss_mb"] for row in sampler.series if end_all - 5 <= row["wall"] < end_all)
     peak = max((row.get("sidecar_rss_mb", 0) for row in sampler.series), default=0)
     rss = {"fresh": fresh, "peak": peak, "after": after, "after_vs_fresh": round(after / fresh - 1, 4) if fresh else None}
+    series = {name: [(round(t - t0, 3), round(g * 1000, 1)) for t, g in values]
+              for name, values in (("sidecar", gaps), ("direct", direct))}
     return {
         "config": cfg, "machine": machine_info(), "load_average": loads,
         "attacks": attacks, "rss_mb": rss,
-        "targets": {
-            "honest_turns_failed_0": all(x["attack"]["failed"] == 0 and x["stream_failures"] == 0 for x in attacks.values()),
-            "attackers_5xx_0": all(x["server_errors"] == 0 for x in attacks.values()),
-            "stream_gap_max_100ms": all((x["stream_gap_max_ms"]["attack"] or 0) <= 100 for x in attacks.values()),
-            "loop_lag_max_100ms": all(x["loop_lag"]["attack"]["over_100ms"] == 0 for x in attacks.values()),
-            "rss_after_within_10pct": bool(fresh) and after <= fresh * 1.10,
-        },
+        "targets": targets(attacks, rss),
         "seconds": {"attacks": round(last_attack - first_attack, 1), "settle": cfg["settle"]},
         "rss_series": sampler.series,
+        "gap_series": series,  # [seconds since the agents started, gap ms] of each stream
     }
 
 
@@ -545,29 +623,38 @@ def markdown(result: dict[str, Any], command: str) -> str:
         "```bash", command, "```", "",
         f"Machine: {m['cpus']} vCPUs ({m['cpu_model']}), {m['memory_gb']} GB; load average "
         f"{la['before'][0]:.1f} before, {la['after'][0]:.1f} after (other work on the box included). "
-        f"{result['config']['agents']} honest agents, a /health probe and a small streaming client on one key; "
-        "each attack after its baseline of honest traffic alone.", "",
-        "| attack | what | honest TTFT p99 baseline / attack (**added**) | honest turns (failed) | stream's largest gap baseline / attack "
+        f"{result['config']['agents']} honest agents, a /health probe and a small streaming client on one key, "
+        "a second small streaming client straight to the engine stand-in's /generate; "
+        "each attack after its baseline of honest traffic alone. Gaps: the sidecar stream's largest, the direct "
+        "stream's largest, and the largest part of a sidecar-stream gap that no one direct-stream gap overlaps "
+        "(**added**); the target on each attack in bold: `gap` (stream_gap_max_100ms, the body attacks) or "
+        "`added` (sidecar_added_gap_max_100ms, the others).", "",
+        "| attack | what | honest TTFT p99 baseline / attack (**added**) | honest turns (failed) "
+        "| gaps, baseline: stream / direct / added | gaps, attack: stream / direct / added "
         "| sidecar loop lag, attack: max (over 100 ms) | /health max | attackers' answers | 5xx |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for kind, x in result["attacks"].items():
         b, a = x["baseline"]["ttft_ms"]["p99"], x["attack"]["ttft_ms"]["p99"]
         answers = ", ".join(f"{n} x {k}" for k, n in sorted(x["answers"].items(), key=lambda kv: -kv[1]))
-        gap = x["stream_gap_max_ms"]
+        on = "gap" if x.get("target", "stream_gap_max_100ms") == "stream_gap_max_100ms" else "added"
+        attack_gaps = [_f(x[k]["attack"]) for k in ("stream_gap_max_ms", "direct_gap_max_ms", "added_gap_max_ms")]
+        attack_gaps[0 if on == "gap" else 2] = f"**{attack_gaps[0 if on == 'gap' else 2]}**"
         lag = x["loop_lag"]["attack"]
         lag_max = "-" if lag["max_ms_at_most"] is None else f"<= {lag['max_ms_at_most']}"
         lines.append(
-            f"| {kind} | {x['what']} | {_f(b)} / {_f(a)} (**{_f(x['added_ttft_p99_ms'])}**) | "
-            f"{x['attack']['turns']} ({x['attack']['failed'] + x['stream_failures']}) | {_f(gap['baseline'])} / **{_f(gap['attack'])}** | "
+            f"| {kind} (`{on}`) | {x['what']} | {_f(b)} / {_f(a)} (**{_f(x['added_ttft_p99_ms'])}**) | "
+            f"{x['attack']['turns']} ({x['attack']['failed'] + x['stream_failures']}) | "
+            f"{' / '.join(_f(x[k]['baseline']) for k in ('stream_gap_max_ms', 'direct_gap_max_ms', 'added_gap_max_ms'))} | "
+            f"{' / '.join(attack_gaps)} | "
             f"{lag_max} ({lag['over_100ms']}) | {_f(x['health_max_ms'])} | {answers} in {x['seconds']:g} s | {x['server_errors']} |"
         )
     t = result["targets"]
     lines += [
         "", f"Sidecar RSS: fresh (before the first attack) {rss['fresh']:.0f} MB, peak {rss['peak']:.0f} MB, "
         f"{result['config']['settle']:g} s after the last attack {rss['after']:.0f} MB (**{100 * (rss['after_vs_fresh'] or 0):+.1f} %**).", "",
-        "Targets: " + "; ".join(f"{k}: **{'met' if v else 'not met'}**" for k, v in t.items()) + ".", "",
-        "Milliseconds throughout. `hostile.json` holds every request's answer and the RSS series.", "",
+        "Targets: " + "; ".join(f"{k}: **{'not run' if v is None else 'met' if v else 'not met'}**" for k, v in t.items()) + ".", "",
+        "Milliseconds throughout. `hostile.json` holds every request's answer, the RSS series and both streams' gaps.", "",
     ]
     return "\n".join(lines)
 
