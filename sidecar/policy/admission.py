@@ -26,7 +26,10 @@ write-through holds twice (``EngineCapacity.distinct_hierarchy_tokens``). What i
                     turns x its duty cycle with ``host_tier_idle_weight = duty_cycle``. The overflow
                     allowed: the tokens whose loss, taken from the sessions between turns that
                     return last and recomputed as they return, costs at most
-                    ``host_tier_recompute_share`` of the engine's time (``Projection.overflow_tokens``);
+                    ``host_tier_recompute_share`` of the engine's time (``Projection.overflow_tokens``;
+                    before any turn has ended, priced from the priors at the projected peak, so a
+                    wave of agents starting together is not held for an overshoot that costs less
+                    than their wait);
     without one     the resident sessions (running, or idle under an unexpired lease): context +
                     growth x turns ahead, an idle one weighted by its duty cycle with ``idle_weight
                     = duty_cycle`` (service / (service + predicted remaining gap): leased KV of an

@@ -145,7 +145,8 @@ class AdmissionSettings(BaseModel):
         "agents between turns that cost least to lose and recomputed as each returns, costs at most this share of "
         "the engine's time (0 = the budget is a hard limit). Agents in long tool gaps return rarely, so losing "
         "their KV costs less than a new agent waiting at the door; agents in short gaps would recompute it every "
-        "few seconds, so they keep the budget.",
+        "few seconds, so they keep the budget. Before any turn has ended (a wave of agents starting together) the "
+        "loss is priced from the priors: every open session at its projected size, out for its predicted gap.",
     )
     host_tier_idle_weight: Literal["full", "duty_cycle"] = Field(
         "full",

@@ -7,7 +7,9 @@ What a user relies on (the rule: ``sidecar.policy.admission``'s docstring):
     the GPU's pages too, so GPU + host count once; under write_back twice;
   * ``learn_session_turns``: agents that were seen to end after a few turns are projected that many;
   * ``host_tier_recompute_share``: a new agent goes past the budget when the KV it pushes out
-    belongs to agents far from their return, not when they are about to come back.
+    belongs to agents far from their return, not when they are about to come back; before any turn
+    has ended (a wave of agents starting together) the same price comes from the priors, so a
+    first turn does not wait for an overshoot whose recompute costs less than its wait.
 """
 
 from __future__ import annotations
@@ -131,3 +133,28 @@ async def test_without_a_host_tier_the_recompute_share_changes_nothing():
     await admit(policy, "a", 8_000, True)
     run_turn(policy, clock, "a", 8_000, gap_s=60.0, first=True)
     assert await admitted_now(policy, "b", 9_000) is False
+
+
+@pytest.mark.parametrize("last_prompt, admitted", [
+    (13_000, True),  # 3K (1 %) past the 300K host tier: recomputing it costs ~9 % of the engine
+    (60_000, False),  # 50K past: more than the 60 % of the engine the share allows
+])
+async def test_a_wave_starting_together_is_not_held_for_an_overshoot_that_costs_little(last_prompt, admitted):
+    clock = FakeClock()
+    # a host tier 3x the GPU's (write-through: 300K distinct); nothing measured yet (no turn ended);
+    # the priors: a reply is followed by a gap of ~2 s, a token recomputes in 50 us
+    policy = gated(clock, 100_000, 300_000, host_tier_capacity="distinct", host_tier_projection="peak",
+                   host_tier_recompute_share=0.6, max_wait=60.0,
+                   policy={"mode": "fixed", "fixed_ttl": 1.0, "prior_median_s": 2.0})
+    for i in range(29):
+        assert await admitted_now(policy, f"a{i}", 10_000)
+    assert await admitted_now(policy, "last", last_prompt) is admitted
+
+
+async def test_before_anything_is_measured_a_zero_share_keeps_the_budget_hard():
+    clock = FakeClock()
+    policy = gated(clock, 100_000, 300_000, host_tier_capacity="distinct", host_tier_projection="peak",
+                   host_tier_recompute_share=0.0, max_wait=60.0)
+    for i in range(29):
+        assert await admitted_now(policy, f"a{i}", 10_000)
+    assert await admitted_now(policy, "last", 13_000) is False
