@@ -2,12 +2,15 @@
 
 Parsing, validating, converting, hashing, rendering and tokenizing a request of megabytes takes
 from tens of milliseconds to seconds; on the event loop it would stall every stream and /health.
-Each such step of a request asks :meth:`Offload.prepare` where it runs: on the loop only while it
-is light (its weight, all fields counted: :func:`request_weight`, or a body's bytes and values)
-and the requests served in the same turn of the loop have not spent :data:`INLINE_BUDGET` yet (ten
-light bodies arriving at once would otherwise stall it ten times as long); else on the pool
-(Python code there yields the GIL every few milliseconds; the tokenizers library and hashlib
-release it while they run), so the loop keeps serving.
+Each such step of a request asks :meth:`Offload.prepare` where it runs: a heavy one (its weight,
+all fields counted: :func:`request_weight`, or a body's bytes and values) on the pool (Python code
+there yields the GIL every few milliseconds; the tokenizers library and hashlib release it while
+they run), so the loop keeps serving; a light one on the loop, in a turn of the loop where the
+requests served before it have not spent :data:`INLINE_BUDGET` yet (ten light bodies arriving at
+once would otherwise stall it ten times as long): past the budget it waits for the loop's next
+turn, not for the pool. The pool is one lane per key on lower-priority threads, so on a busy core
+a light step sent there waited 100-500 ms for a millisecond of work (long-256 load test,
+2026-12-03b: ``benchmarks/results/load/cost-2026-12-03b``).
 
 Fair: each key (the API key's scope) has its own queue and runs at most ``threads - 1`` jobs at
 once (one with a single thread), and a free thread takes the next key in turn. So one key's long
@@ -216,10 +219,13 @@ class Offload:
         self._spent = 0
 
     async def prepare(self, fn: Callable[..., T], *args, key: str = "", weight: int = OFFLOAD_CHARS) -> T:
-        """``fn(*args)`` where its ``weight`` says (:meth:`inline`): here, or on the pool in ``key``'s turn."""
-        if self.inline(weight):
-            return fn(*args)
-        return await self.run(fn, *args, key=key, weight=weight)
+        """``fn(*args)`` where its ``weight`` says: light work here, in the first turn of the loop
+        with budget left for it (:meth:`inline`); heavy work on the pool in ``key``'s turn."""
+        if weight >= OFFLOAD_CHARS:
+            return await self.run(fn, *args, key=key, weight=weight)
+        while not self.inline(weight):
+            await asyncio.sleep(0)  # this turn's budget is spent: the streams go first, then the next turn
+        return fn(*args)
 
     def _start(self) -> None:
         while len(self._workers) < self.threads:

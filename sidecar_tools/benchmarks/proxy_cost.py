@@ -11,7 +11,11 @@ Scenarios (each a load-test phase per proxy, on a fresh engine and proxy; see ``
   them idle sessions opened first and left open (the sidecar keeps them: ``--session-idle-grace``
   3600), so CPU per turn can be read against the number of open sessions.
 
-Every scenario runs ``--reps`` times, the three proxies interleaved (their order rotates each
+``--before DIR`` adds a fourth process, ``before``: the sidecar of another checkout (e.g. ``git
+worktree add /tmp/sidecar-before <commit>``, launched through ``sidecar_at_commit``), so a change
+is measured before and after in the same window, interleaved with the rest.
+
+Every scenario runs ``--reps`` times, the proxies interleaved (their order rotates each
 repetition); the table gives medians (and the spread), the sidecar's ratios to the bare relay and
 smg, and the issue's targets. Writes ``proxy-cost.json`` (every phase's summary, the machine and
 its load average before and after, as it goes), ``proxy-cost.md`` and ``proxy-cost.png`` (CPU per
@@ -25,6 +29,7 @@ import json
 import os
 import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +42,9 @@ import click
 from sidecar_tools.benchmarks.load_benchmark import PROXIES, LoadConfig, build_workload, machine_info, run_phase
 
 SIDECAR_ARGS = ("--session-idle-grace=3600",)  # idle sessions stay open for the whole phase
+BEFORE = "before"  # the sidecar of another checkout (--before), run as the load test's sidecar mode
+COLUMNS = ("sidecar", BEFORE, *PROXIES[1:])  # the report's order
+LAUNCH_ENV = "LOAD_TEST_SIDECAR_LAUNCH"
 
 
 def scenarios(duration: float, open_counts: list[int], open_agents: int, only: set[str] | None) -> list[tuple[str, LoadConfig]]:
@@ -68,7 +76,7 @@ def table(result: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
     for run in result["runs"]:
         s = run["summary"]
         row = out.setdefault(run["scenario"], {}).setdefault(run["proxy"], {"cpu": [], "p50": [], "p99": [], "rps": [], "errors": 0})
-        row["cpu"].append((s.get("cpu_ms_per_turn") or {}).get(run["proxy"]))
+        row["cpu"].append((s.get("cpu_ms_per_turn") or {}).get(s.get("proxy", run["proxy"])))  # before: "sidecar"
         row["p50"].append(s["outside_engine_ttft_ms"]["p50"])
         row["p99"].append(s["outside_engine_ttft_ms"]["p99"])
         row["rps"].append(s["requests_per_s"])
@@ -114,7 +122,7 @@ def markdown(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for scenario, rows in t.items():
-        for proxy in PROXIES:
+        for proxy in COLUMNS:
             row = rows.get(proxy)
             if row is None:
                 continue
@@ -122,8 +130,14 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {scenario} | {proxy} | **{row['cpu_median']}** ({values}) | {row['p50_median']} / {row['p99_median']} "
                          f"| {row['rps_median']} | {row['errors']} |")
         s, b, g = (rows.get(p, {}).get("cpu_median") for p in PROXIES)
+        p99 = {p: rows.get(p, {}).get("p99_median") for p in COLUMNS}
         lines.append(f"| {scenario} | sidecar / bare, sidecar / smg | {_ratio(s, b)}x, {_ratio(s, g)}x | "
-                     f"p99 {_ratio(rows.get('sidecar', {}).get('p99_median'), rows.get('bare', {}).get('p99_median'))}x bare | | |")
+                     f"p99 {_ratio(p99['sidecar'], p99['bare'])}x bare | | |")
+        if BEFORE in rows:
+            lines.append(f"| {scenario} | sidecar / before | {_ratio(s, rows[BEFORE]['cpu_median'])}x | "
+                         f"p99 {_ratio(p99['sidecar'], p99[BEFORE])}x before, before {_ratio(p99[BEFORE], p99['bare'])}x bare | | |")
+    if result.get("before"):
+        lines += ["", f"before: the sidecar of `{result['before']['path']}` at `{result['before']['commit']}`."]
     lines += ["", "Targets (issue 28):", ""]
     for name, v in targets(t).items():
         verdict = "not run" if v["ratio"] is None else f"{v['ratio']}x, {'met' if v['met'] else 'MISSED'}"
@@ -144,7 +158,7 @@ def plot(result: dict[str, Any], path: Path) -> bool:
     if not opens:
         return False
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for proxy in PROXIES:
+    for proxy in COLUMNS:
         xs, ys, lo, hi = [], [], [], []
         for n, key in opens:
             row = t[key].get(proxy)
@@ -166,11 +180,35 @@ def plot(result: dict[str, Any], path: Path) -> bool:
     return True
 
 
-async def run(out: Path, scen: list[tuple[str, LoadConfig]], reps: int, proxies: tuple[str, ...], command: str, log) -> dict[str, Any]:
+def _commit(path: str) -> str | None:
+    done = subprocess.run(["git", "-C", path, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or None
+
+
+async def _phase(cfg: LoadConfig, work: Any, proxy: str, tokenizer_dir: str, before: str | None, log) -> dict[str, Any]:
+    """One load-test phase through ``proxy``; ``before`` runs the load test's sidecar mode with the
+    other checkout's sidecar launched in its place."""
+    if proxy != BEFORE:
+        return await run_phase(cfg, work, proxy, tokenizer_dir, log)
+    saved = os.environ.get(LAUNCH_ENV)
+    os.environ[LAUNCH_ENV] = f"{shlex.quote(sys.executable)} -m sidecar_tools.benchmarks.sidecar_at_commit {shlex.quote(str(before))}"
+    try:
+        return await run_phase(cfg, work, "sidecar", tokenizer_dir, log)
+    finally:
+        if saved is None:
+            os.environ.pop(LAUNCH_ENV, None)
+        else:
+            os.environ[LAUNCH_ENV] = saved
+
+
+async def run(out: Path, scen: list[tuple[str, LoadConfig]], reps: int, proxies: tuple[str, ...], command: str, log,
+              before: str | None = None) -> dict[str, Any]:
     from sidecar_tools.benchmarks.qwen3_tokenizer import build_qwen3_tokenizer
 
     result: dict[str, Any] = {"command": command, "machine": machine_info(), "load_before": _load(), "runs": [],
                               "scenarios": {name: asdict(cfg) for name, cfg in scen}}
+    if before is not None:
+        result["before"] = {"path": str(before), "commit": _commit(before)}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="proxy-cost-tok-") as tmp:
         tokenizer_dir = str(build_qwen3_tokenizer(Path(tmp)))
@@ -183,7 +221,7 @@ async def run(out: Path, scen: list[tuple[str, LoadConfig]], reps: int, proxies:
                 order = proxies[rep % len(proxies):] + proxies[: rep % len(proxies)]
                 for proxy in order:
                     log(f"== {name} rep {rep + 1}/{reps}: {proxy}")
-                    phase = await run_phase(cfg, works[key], proxy, tokenizer_dir, log)
+                    phase = await _phase(cfg, works[key], proxy, tokenizer_dir, before, log)
                     summary = phase["summary"]
                     summary.pop("log_tails", None)
                     result["runs"].append({"scenario": name, "rep": rep + 1, "proxy": proxy, "load": _load(), "summary": summary})
@@ -203,15 +241,23 @@ async def run(out: Path, scen: list[tuple[str, LoadConfig]], reps: int, proxies:
 @click.option("--open", "open_counts", default="50,250,500,2000", show_default=True, help="Open-session counts of the sweep.")
 @click.option("--open-agents", default=50, show_default=True, help="Agents taking turns in the sweep (the rest are idle sessions).")
 @click.option("--only", default=None, help="Comma-separated scenarios to run (long-256, agents-500, open-N).")
-@click.option("--proxies", default=",".join(PROXIES), show_default=True)
-def main(out_dir, reps, duration, open_counts, open_agents, only, proxies):
+@click.option("--proxies", default=",".join(PROXIES), show_default=True,
+              help=f"Of {', '.join(COLUMNS)} ({BEFORE}: with --before).")
+@click.option("--before", type=click.Path(file_okay=False, exists=True), default=None,
+              help=f"A checkout of another commit whose sidecar runs beside this one as '{BEFORE}' (added to --proxies).")
+def main(out_dir, reps, duration, open_counts, open_agents, only, proxies, before):
     """The sidecar's CPU per turn beside a bare relay and smg, interleaved, at several loads."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     scen = scenarios(duration, [int(n) for n in open_counts.split(",") if n], open_agents, set(only.split(",")) if only else None)
     command = "python -m sidecar_tools.benchmarks.proxy_cost " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     log = lambda msg: click.echo(msg, err=True)  # noqa: E731
-    result = asyncio.run(run(out, scen, reps, tuple(proxies.split(",")), command, log))
+    chosen = tuple(proxies.split(","))
+    if before is not None and BEFORE not in chosen:
+        chosen = (chosen[0], BEFORE, *chosen[1:])
+    if BEFORE in chosen and before is None:
+        raise click.UsageError(f"the proxy '{BEFORE}' needs --before DIR")
+    result = asyncio.run(run(out, scen, reps, chosen, command, log, before))
     (out / "proxy-cost.json").write_text(json.dumps(result, indent=1) + "\n")
     text = markdown(result)
     (out / "proxy-cost.md").write_text(text)

@@ -6,7 +6,7 @@ load test and engine stand-in then measure an older sidecar against this one.
         python -m sidecar_tools.benchmarks.load_benchmark --mode sidecar --sessions 250 --duration 30 ...
 
 The worktree's ``sidecar`` package goes first on ``sys.path``; flags the older CLI did not have
-(``--model-name``, which the load test passes) are dropped.
+(``--model-name``, which the load test passes) are dropped; a commit that has them keeps them.
 """
 
 from __future__ import annotations
@@ -18,16 +18,18 @@ FLAGS_WITH_VALUE_IT_MAY_LACK = ("--model-name",)
 
 def main() -> None:
     worktree, *argv = sys.argv[1:]
-    for flag in FLAGS_WITH_VALUE_IT_MAY_LACK:
-        if flag in argv:
-            i = argv.index(flag)
-            del argv[i : i + 2]
     sys.path.insert(0, worktree)
     for name in [m for m in sys.modules if m == "sidecar" or m.startswith("sidecar.")]:
         del sys.modules[name]  # this repo's, if anything imported it
-    sys.argv = ["sidecar", *argv]
     from sidecar.cli import main as sidecar_main
 
+    serve = getattr(sidecar_main, "commands", {}).get("serve")
+    known = {opt for param in serve.params for opt in param.opts} if serve is not None else set()
+    for flag in FLAGS_WITH_VALUE_IT_MAY_LACK:
+        if flag in argv and flag not in known:  # a commit that has the flag keeps it (the agents' model name)
+            i = argv.index(flag)
+            del argv[i : i + 2]
+    sys.argv = ["sidecar", *argv]
     sidecar_main()
 
 

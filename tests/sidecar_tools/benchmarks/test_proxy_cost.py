@@ -48,3 +48,17 @@ def test_the_report_takes_medians_and_judges_the_targets_on_them():
     assert got["agents-500: sidecar CPU/turn <= 2.0x bare relay"]["ratio"] is None  # not run: not judged met
     text = markdown({"runs": runs, "command": "x", "machine": {}, "load_before": [0, 0, 0]})
     assert "| long-256 | sidecar | **4.0** (4.00, 9.00, 3.80)" in text and "agents-500: sidecar CPU/turn <= 2.0x bare relay: not run" in text
+
+
+def test_a_sidecar_of_another_checkout_is_reported_beside_this_one():
+    """``--before``: its phases run the load test's sidecar mode (their CPU is the sidecar's), and
+    the report compares this sidecar with it."""
+    runs = [_run("long-256", "sidecar", 1, 4.0, 12.0), _run("long-256", "bare", 1, 2.0, 10.0)]
+    before = _run("long-256", "before", 1, 5.0, 24.0)
+    before["summary"] = {**before["summary"], "proxy": "sidecar", "cpu_ms_per_turn": {"sidecar": 5.0}}
+    t = table({"runs": runs + [before]})
+    assert t["long-256"]["before"]["cpu_median"] == 5.0
+    text = markdown({"runs": runs + [before], "command": "x", "machine": {}, "load_before": [0, 0, 0],
+                     "before": {"path": "/tmp/sidecar-before", "commit": "abc1234"}})
+    assert "| long-256 | sidecar / before | 0.8x | p99 0.5x before, before 2.4x bare |" in text
+    assert "`/tmp/sidecar-before` at `abc1234`" in text
