@@ -246,7 +246,7 @@ class Offload:
         try:
             # a job still queued at the deadline (or whose client went away) is dropped and never
             # runs; one already running finishes on its own, its result unused
-            return await asyncio.wait_for(asyncio.shield(job.future), self.timeout_s)
+            result, error = await asyncio.wait_for(asyncio.shield(job.future), self.timeout_s)
         except TimeoutError:
             raise tokenizer_busy(self.timeout_s) from None
         finally:
@@ -254,6 +254,17 @@ class Offload:
                 with self._cond:
                     self._queues.remove(job)
                 job.future.cancel()  # a running job's result (or error) is dropped unread
+            job = args = None
+        if error is None:
+            return result
+        # The job's error is raised here, not through the futures that carried it: a future that
+        # holds an exception whose traceback holds the frames awaiting that future is a reference
+        # cycle, and with it the request (12 MB of refused prompt) would wait for a full garbage
+        # collection, which a quiet sidecar may not run for minutes.
+        try:
+            raise error
+        finally:
+            error = None
 
     def _work(self) -> None:
         lower_priority()
@@ -327,9 +338,6 @@ class Prepare:
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
+    """The job's outcome as the future's result, its error included (``Offload.run`` raises it)."""
+    if not future.done():
+        future.set_result((result, error))

@@ -96,6 +96,45 @@ async def test_nothing_of_a_finished_job_stays_alive_on_its_thread():
     offload.close()
 
 
+async def test_a_refused_request_is_freed_without_waiting_for_the_garbage_collector():
+    """A request refused on the pool (its 12 MB prompt past the limit) is freed as soon as its
+    answer is sent, by reference counting alone: its error, the frames that held its text and the
+    futures that carried the error form no cycle, which only a full collection (rare while the
+    sidecar is quiet after an attack) would free."""
+
+    class History(list):
+        pass
+
+    class Refused(Exception):
+        pass
+
+    def count(h: History) -> None:
+        text = "".join(h)  # the frame that raises holds the text, as the token counter does
+        raise Refused(f"{len(text)} characters")
+
+    async def answer(offload: Offload, h: History) -> str:
+        try:
+            await offload.run(count, h)
+        except Refused as exc:
+            raise ValueError("too long") from None  # the door's 400, as the turn core raises it
+        return "fitted"
+
+    offload = Offload(timeout_s=10, threads=1)
+    history = History(["x" * 100] * 100)
+    alive = weakref.ref(history)
+    gc.collect()
+    gc.disable()
+    try:
+        with pytest.raises(ValueError):
+            await answer(offload, history)
+        del history
+        await asyncio.sleep(0.05)  # the pool thread has let go of its job
+        assert alive() is None, "the refused request waits in a reference cycle for the garbage collector"
+    finally:
+        gc.enable()
+        offload.close()
+
+
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="per-thread niceness is Linux's")
 async def test_pool_threads_run_nicer_than_the_event_loop():
     """Tokenizing a flood of large prompts is seconds of CPU with the GIL released: on a box of two
