@@ -2,7 +2,8 @@
 sessions are still expected to add (the rule itself: ``sidecar.policy.admission``).
 
 Learned over all sessions (an exponential average, rate ``LEARNING_RATE``): the tokens a turn adds
-(``growth_tokens``), the seconds from a request to its reply's end (``service_s``) and from one
+(``growth_tokens``; with ``growth_prior_turns`` a mean in which the prior counts for that many turns,
+then forgetting at ``GROWTH_FORGETTING`` a turn), the seconds from a request to its reply's end (``service_s``) and from one
 request of a session to its next (``cycle_s`` = service + tool gap); with ``learn_session_turns``
 also the turns a session takes before it ends (``session_turns``, a running mean at first).
 """
@@ -17,6 +18,7 @@ from sidecar.policy.settings import AdmissionSettings
 from sidecar.policy.shared_prefix import Share
 
 LEARNING_RATE = 0.1  # of the growth, service-time and turn-cycle averages
+GROWTH_FORGETTING = 0.01  # with growth_prior_turns: the growth's rate once it is a mean of 100 turns
 
 
 class Projection:
@@ -31,6 +33,7 @@ class Projection:
         self.cycle_s: float | None = None
         self.session_turns = float(settings.host_tier_projection_turns)  # turns a session takes
         self._ended = 0
+        self._growths = 0  # turns whose growth was learned
 
     # ------------------------------------------------------------------ learning
     def learn_session_turns(self, turns: int) -> float | None:
@@ -44,8 +47,15 @@ class Projection:
         return self.session_turns
 
     def learn_growth(self, growth: int) -> None:
-        if self.settings.learn_growth:
-            self.growth_tokens += LEARNING_RATE * (growth - self.growth_tokens)
+        """A turn added ``growth`` tokens. The first turns to end are the short ones (a short reply
+        decodes sooner, a short tool result prefills sooner), so the first dozens alone understate
+        the growth; ``growth_prior_turns`` makes the prior weigh as that many turns against them."""
+        if not self.settings.learn_growth:
+            return
+        self._growths += 1
+        prior = self.settings.growth_prior_turns
+        rate = LEARNING_RATE if prior <= 0 else max(1.0 / (prior + self._growths), GROWTH_FORGETTING)
+        self.growth_tokens += rate * (growth - self.growth_tokens)
 
     def learn_service(self, seconds: float) -> None:
         self.service_s = _ewma(self.service_s, max(0.0, seconds))
