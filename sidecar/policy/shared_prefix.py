@@ -17,7 +17,8 @@ counting a token twice, never toward counting a token that is not held. Only the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 BLOCK_TOKENS = 64
@@ -32,13 +33,14 @@ class Share:
     tokens: int
 
 
-def block_chain(ids: Sequence[int]) -> list[int]:
-    """The names of ``ids``'s whole leading blocks, each a hash of all the tokens up to its end."""
+def block_chain(ids: Iterable[int]) -> list[int]:
+    """The names of ``ids``'s whole leading blocks, each a hash of all the tokens up to its end
+    (any iterable of ids: a list, or the turn core's ``IdText``)."""
+    head = list(itertools.islice(ids, MAX_INDEXED_TOKENS))
     out: list[int] = []
     h = 0
-    end = min(len(ids), MAX_INDEXED_TOKENS) // BLOCK_TOKENS * BLOCK_TOKENS
-    for i in range(0, end, BLOCK_TOKENS):
-        h = hash((h, tuple(ids[i : i + BLOCK_TOKENS])))
+    for i in range(0, len(head) // BLOCK_TOKENS * BLOCK_TOKENS, BLOCK_TOKENS):
+        h = hash((h, tuple(head[i : i + BLOCK_TOKENS])))
         out.append(h)
     return out
 
@@ -53,7 +55,7 @@ class SharedPrefixes:
     def __len__(self) -> int:
         return len(self._chains)
 
-    def open(self, session_id: str, ids: Sequence[int], adopt: Callable[[str, Share], None]) -> Share | None:
+    def open(self, session_id: str, ids: Iterable[int], adopt: Callable[[str, Share], None]) -> Share | None:
         """A session's first prompt: what it shares with the open sessions (None: nothing), after
         ``adopt(other, share)`` for each open session that holds that prefix and shares none yet
         (``adopt`` decides; the policy sets it on records without one)."""

@@ -35,3 +35,9 @@ def test_a_closed_session_no_longer_holds_its_prefix():
 
 def test_only_the_head_of_a_long_prompt_is_indexed():
     assert len(block_chain(list(range(200_000)))) == MAX_INDEXED_TOKENS // BLOCK_TOKENS
+
+
+def test_the_turn_cores_id_text_is_read_like_a_list():
+    from sidecar.id_text import IdText
+
+    assert block_chain(IdText(prompt(1))) == block_chain(prompt(1))
