@@ -8,7 +8,7 @@ from the settings.
 Contract (all times ``time.monotonic()``):
   store           ``bind(store)`` once; ``new_record(sid)`` for each session it opens;
                   ``on_session_closed(record, reason)`` for each session it forgets
-  per request     ``await admit(sid, prompt_tokens, is_new_session, scope)``   (AdmissionRejected -> 429)
+  per request     ``await admit(sid, prompt_tokens, is_new_session, scope, prompt_ids)``   (AdmissionRejected -> 429)
                   ``on_request(sid, prompt_tokens, now)``
                   ``lease = lease_request(sid, prompt_tokens, now)``  -> the lease the request asks
                                                  SGLang for (TTL + expected return), or None
@@ -28,7 +28,7 @@ Contract (all times ``time.monotonic()``):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from sidecar.engine.capacity import EngineCapacity
@@ -53,9 +53,11 @@ class SessionPolicy(Protocol):
     def new_record(self, session_id: str) -> SessionRecord:
         """The record of a session the store opens."""
 
-    async def admit(self, session_id: str, prompt_tokens: int, is_new_session: bool, scope: str = "") -> None:
+    async def admit(self, session_id: str, prompt_tokens: int, is_new_session: bool, scope: str = "",
+                    prompt_ids: Sequence[int] | None = None) -> None:
         """Wait until the request may go to the engine; raise AdmissionRejected if it may not queue
-        (``scope``: the key it came with; keys are served in turn, each within its share)."""
+        (``scope``: the key it came with; keys are served in turn, each within its share;
+        ``prompt_ids``: the prompt, whose prefix shared with open sessions counts once)."""
 
     def release_admission(self, session_id: str) -> None:
         """The request admitted by ``admit`` is over (finished, failed or aborted)."""

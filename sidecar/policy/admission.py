@@ -23,7 +23,9 @@ write-through holds twice (``EngineCapacity.distinct_hierarchy_tokens``). What i
                     end adds little more, so the next wave may start while the first finishes), or
                     with ``peak`` the most all of them and the new one hold at once, each growing
                     until its turns are done and then gone (``Projection.peak``); a session between
-                    turns x its duty cycle with ``host_tier_idle_weight = duty_cycle``. The overflow
+                    turns x its duty cycle with ``host_tier_idle_weight = duty_cycle``; a prefix
+                    open sessions share (an agent deployment's system prompt and tools) once,
+                    as SGLang's radix tree and host tier hold it (``shared_prefix``). The overflow
                     allowed: the tokens whose loss, taken from the sessions between turns that
                     return last and recomputed as they return, costs at most
                     ``host_tier_recompute_share`` of the engine's time (``Projection.overflow_tokens``;
@@ -60,13 +62,15 @@ from typing import Literal, Protocol
 
 from sidecar.policy.base import AdmissionRejected
 from sidecar.policy.settings import AdmissionSettings
+from sidecar.policy.shared_prefix import Share
 
 
 class Placement(Protocol):
     """Where a session of ``tokens`` projected tokens fits: a worker, or None when it fits nowhere
-    (``force``: the roomiest anyway). ``sidecar.policy.placement.Placement`` is the product's."""
+    (``force``: the roomiest anyway; ``share``: the prefix it shares with open sessions, held once).
+    ``sidecar.policy.placement.Placement`` is the product's."""
 
-    def choose(self, tokens: float, force: bool = False) -> str | None: ...
+    def choose(self, tokens: float, force: bool = False, share: Share | None = None) -> str | None: ...
 
 
 @dataclass(eq=False)
@@ -77,6 +81,7 @@ class AdmissionTicket:
     prompt_tokens: int
     tokens: float  # projected to the end of its next turns
     scope: str = ""  # the key it came with
+    share: Share | None = None  # the prefix it shares with open sessions (counted once)
     enqueued_at: float | None = None  # None: it never queued
     state: Literal["waiting", "granted", "cancelled", "rejected"] = "waiting"
     # runs once, right after the grant (inside offer or pump); the request may start from then on
@@ -139,12 +144,13 @@ class AdmissionQueue:
         tokens: float,
         on_grant: Callable[[], None] | None = None,
         scope: str = "",
+        share: Share | None = None,
     ) -> AdmissionTicket:
-        """A new session (``tokens`` projected) asks to start: granted now when nobody waits and
-        it fits, else queued (granted by a later ``pump``); AdmissionRejected if its key's share
-        or the queue is full."""
-        ticket = AdmissionTicket(session_id, prompt_tokens, tokens, scope, on_grant=on_grant)
-        worker = None if self._length else self.placement.choose(tokens)
+        """A new session (``tokens`` projected; ``share``: the prefix it shares with open sessions)
+        asks to start: granted now when nobody waits and it fits, else queued (granted by a later
+        ``pump``); AdmissionRejected if its key's share or the queue is full."""
+        ticket = AdmissionTicket(session_id, prompt_tokens, tokens, scope, share, on_grant=on_grant)
+        worker = None if self._length else self.placement.choose(tokens, share=share)
         if worker is not None:
             self._admit(ticket, "immediate", 0.0, worker)
             return ticket
@@ -193,14 +199,14 @@ class AdmissionQueue:
             if not timed_out:
                 key = next(iter(self._keys))  # whose turn it is
                 head = self._keys[key][0]
-            worker = self.placement.choose(head.tokens)
+            worker = self.placement.choose(head.tokens, share=head.share)
             if worker is None and not timed_out:
                 break
             self._pop(key)
             if worker is not None:
                 self._admit(head, "queued", now - head.enqueued_at, worker)
             else:  # waited long enough: the roomiest worker (SGLang's eviction has the last word)
-                self._admit(head, "timeout", now - head.enqueued_at, self.placement.choose(head.tokens, force=True))
+                self._admit(head, "timeout", now - head.enqueued_at, self.placement.choose(head.tokens, force=True, share=head.share))
             granted += 1
         return granted
 

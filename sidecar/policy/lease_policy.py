@@ -17,7 +17,7 @@ clock's (time.monotonic by default), like TurnEnd.finished_at.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry
 
@@ -32,6 +32,7 @@ from sidecar.policy.predictor import NO_TOOL, ReturnTimePredictor, tool_keys
 from sidecar.policy.projection import Projection
 from sidecar.policy.residency import Residency
 from sidecar.policy.settings import AdmissionSettings, PolicySettings
+from sidecar.policy.shared_prefix import Share, SharedPrefixes
 from sidecar.policy.ttl import LeaseTtlRule
 
 
@@ -60,6 +61,7 @@ class LeasePolicy:
         self.sessions: SessionRecords | None = None  # the session store, once it binds itself
         self.metrics = PolicyMetrics(registry if registry is not None else CollectorRegistry())
         self.residency = Residency(admission.host_tier_projection_turns, admission.host_tier_projection != "full")
+        self.prefixes = SharedPrefixes()
         self.projection = Projection(admission, self.predictor, self.residency.turns_left)
         self.placement = Placement(capacity, worker, admission.headroom, self.residency, self.projection, clock,
                                    distinct=admission.host_tier_capacity == "distinct",
@@ -110,10 +112,12 @@ class LeasePolicy:
         self.residency.update(record, self.clock() if now is None else now)
 
     # ------------------------------------------------------------------ admission
-    async def admit(self, session_id: str, prompt_tokens: int, is_new_session: bool, scope: str = "") -> None:
+    async def admit(self, session_id: str, prompt_tokens: int, is_new_session: bool, scope: str = "",
+                    prompt_ids: Sequence[int] | None = None) -> None:
         """Wait until the request may start; AdmissionRejected when the queue (or the key's share
         of it) is full, or another key's session took its place."""
-        await self.gate.until_granted(self.offer_admission(session_id, prompt_tokens, is_new_session, scope=scope))
+        await self.gate.until_granted(self.offer_admission(session_id, prompt_tokens, is_new_session, scope=scope,
+                                                           prompt_ids=prompt_ids))
 
     def offer_admission(
         self,
@@ -122,21 +126,33 @@ class LeasePolicy:
         is_new_session: bool,
         on_grant: Callable[[], None] | None = None,
         scope: str = "",
+        prompt_ids: Sequence[int] | None = None,
     ) -> AdmissionTicket:
         """``admit`` without an event loop: the ticket is granted now or by a later pump (then
         ``on_grant`` runs); AdmissionRejected when the queue is full.
 
-        Only a new session's first request is gated (and only with admission enabled).
+        Only a new session's first request is gated (and only with admission enabled). Its
+        ``prompt_ids`` tell the prefix it shares with the open sessions, which counts once
+        (``shared_prefix``); without them its whole prompt counts as its own.
         """
         record = self._record(session_id)
+        if is_new_session and prompt_ids is not None:
+            record.share = self.prefixes.open(session_id, prompt_ids, self._adopt_share)
         growth = self.projection.growth(self.placement.hierarchy())
         if is_new_session and self.admission_settings.enabled:
-            return self.gate.offer(session_id, prompt_tokens, prompt_tokens + growth, on_grant, scope)
+            return self.gate.offer(session_id, prompt_tokens, prompt_tokens + growth, on_grant, scope, record.share)
         if record.worker is None or record.worker not in self.placement.capacities:  # not placed (admission off, re-homed)
-            worker = self.placement.choose(prompt_tokens + growth, force=True)
+            worker = self.placement.choose(prompt_tokens + growth, force=True, share=record.share)
             if worker is not None:
                 self.assign(session_id, worker)
         return self.gate.let_through(session_id, prompt_tokens, on_grant)
+
+    def _adopt_share(self, session_id: str, share: Share) -> None:
+        """An open session turned out to start with a new session's shared prefix: if it counted
+        none yet (the first of its kind), it now counts that one, held once by them all."""
+        record = self.sessions.record(session_id)
+        if record is not None and record.share is None:
+            record.share = share
 
     def release_admission(self, session_id: str) -> None:
         """The request admitted by ``admit`` is over (finished, failed or aborted)."""
@@ -293,6 +309,7 @@ class LeasePolicy:
         is learned as censored ("not back") until the session comes back."""
         self._forget(record, self.clock(), "table_full" if reason in ("capacity", "memory") else "idle")
         self.residency.remove(record)
+        self.prefixes.close(record.session_id)
         turns = self.projection.learn_session_turns(record.turns)
         if turns is not None:
             self.residency.projected_turns = turns

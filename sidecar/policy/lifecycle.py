@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from sidecar.policy.predictor import CensoredMark, SessionGapStats
+from sidecar.policy.shared_prefix import Share
 
 
 @dataclass(eq=False)
@@ -40,6 +41,7 @@ class SessionRecord:
     lease_expires_at: float | None = None
     gap_stats: SessionGapStats = field(default_factory=SessionGapStats)
     censored: CensoredMark | None = None  # set when the open gap was learned as censored at close
+    share: Share | None = None  # the leading tokens it shares with other open sessions (held once)
 
     def is_resident(self, now: float) -> bool:
         """Its KV is in use or leased: running, or idle under an unexpired lease."""

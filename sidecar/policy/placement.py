@@ -14,6 +14,7 @@ from collections.abc import Callable
 from sidecar.engine.capacity import EngineCapacity
 from sidecar.policy.projection import Projection
 from sidecar.policy.residency import Residency
+from sidecar.policy.shared_prefix import Share
 from dataclasses import dataclass
 
 
@@ -113,33 +114,36 @@ class Placement:
             return 0.0
         return self.projection.overflow_tokens(self._load(worker, now), now, self.recompute_share, self.recompute_cost)
 
-    def summary(self, worker: str | None, now: float, candidate: float | None = None) -> tuple[float, float, int]:
+    def summary(self, worker: str | None, now: float, candidate: float | None = None,
+                share: Share | None = None) -> tuple[float, float, int]:
         """(tokens, projected tokens as the gate counts them, sessions) of ``worker``'s resident
         sessions (None: all of them), the host tier's holding sessions included where there is one;
-        ``candidate``: a new session's projection (``Projection.projected``)."""
+        ``candidate``: a new session's projection and ``share`` its shared prefix (``Projection.projected``)."""
         capacity = self.capacities.get(worker, self.first) if worker is not None else self.first
         hierarchy = capacity.host_tokens > 0
         load = self._load(worker, now)
-        projected = self.projection.projected(load, hierarchy, self.projection.growth(self.hierarchy()), now, candidate)
+        projected = self.projection.projected(load, hierarchy, self.projection.growth(self.hierarchy()), now, candidate,
+                                              share)
         if hierarchy:
             return load.holding_tokens, projected, load.holding
         return load.resident_tokens, projected, load.resident
 
-    def rooms(self, candidate: float | None = None) -> list[WorkerRoom]:
-        """Each placeable worker's room now (``candidate``: for a new session of that projection)."""
+    def rooms(self, candidate: float | None = None, share: Share | None = None) -> list[WorkerRoom]:
+        """Each placeable worker's room now (``candidate``: for a new session of that projection,
+        ``share`` the prefix it shares with open sessions)."""
         now = self.clock()
         out = []
         for worker, capacity in self.capacities.items():
             if worker in self.placeable:
-                _, projected, sessions = self.summary(worker, now, candidate)
+                _, projected, sessions = self.summary(worker, now, candidate, share)
                 out.append(WorkerRoom(worker, self.budget(capacity), projected, sessions,
                                       self.overflow_tokens(worker, now)))
         return out
 
-    def choose(self, tokens: float, force: bool = False) -> str | None:
+    def choose(self, tokens: float, force: bool = False, share: Share | None = None) -> str | None:
         """The worker a session of ``tokens`` projected tokens fits on, or None (``force``: the
-        roomiest anyway)."""
-        return choose_worker(self.rooms(tokens), tokens, force)
+        roomiest anyway; ``share``: the prefix it shares with open sessions)."""
+        return choose_worker(self.rooms(tokens, share), tokens, force)
 
     def resident_fraction(self, worker: str | None, now: float) -> float:
         """How full ``worker`` is with resident sessions (running or leased) over its GPU + host

@@ -2,7 +2,8 @@
 sessions are still expected to add (the rule itself: ``sidecar.policy.admission``).
 
 Learned over all sessions (an exponential average, rate ``LEARNING_RATE``): the tokens a turn adds
-(``growth_tokens``), the seconds from a request to its reply's end (``service_s``) and from one
+(``growth_tokens``; with ``growth_prior_turns`` a mean in which the prior counts for that many turns,
+then forgetting at ``GROWTH_FORGETTING`` a turn), the seconds from a request to its reply's end (``service_s``) and from one
 request of a session to its next (``cycle_s`` = service + tool gap); with ``learn_session_turns``
 also the turns a session takes before it ends (``session_turns``, a running mean at first).
 """
@@ -14,8 +15,10 @@ from collections.abc import Callable, Iterable
 from sidecar.policy.lifecycle import SessionRecord
 from sidecar.policy.residency import Load
 from sidecar.policy.settings import AdmissionSettings
+from sidecar.policy.shared_prefix import Share
 
 LEARNING_RATE = 0.1  # of the growth, service-time and turn-cycle averages
+GROWTH_FORGETTING = 0.01  # with growth_prior_turns: the growth's rate once it is a mean of 100 turns
 
 
 class Projection:
@@ -30,6 +33,7 @@ class Projection:
         self.cycle_s: float | None = None
         self.session_turns = float(settings.host_tier_projection_turns)  # turns a session takes
         self._ended = 0
+        self._growths = 0  # turns whose growth was learned
 
     # ------------------------------------------------------------------ learning
     def learn_session_turns(self, turns: int) -> float | None:
@@ -43,8 +47,15 @@ class Projection:
         return self.session_turns
 
     def learn_growth(self, growth: int) -> None:
-        if self.settings.learn_growth:
-            self.growth_tokens += LEARNING_RATE * (growth - self.growth_tokens)
+        """A turn added ``growth`` tokens. The first turns to end are the short ones (a short reply
+        decodes sooner, a short tool result prefills sooner), so the first dozens alone understate
+        the growth; ``growth_prior_turns`` makes the prior weigh as that many turns against them."""
+        if not self.settings.learn_growth:
+            return
+        self._growths += 1
+        prior = self.settings.growth_prior_turns
+        rate = LEARNING_RATE if prior <= 0 else max(1.0 / (prior + self._growths), GROWTH_FORGETTING)
+        self.growth_tokens += rate * (growth - self.growth_tokens)
 
     def learn_service(self, seconds: float) -> None:
         self.service_s = _ewma(self.service_s, max(0.0, seconds))
@@ -68,34 +79,40 @@ class Projection:
         """Tokens a new session is expected to add before admission is reconsidered."""
         return self.growth_tokens * self.turns_ahead(hierarchy)
 
-    def projected(self, load: Load, hierarchy: bool, growth: float, now: float, candidate: float | None = None) -> float:
+    def projected(self, load: Load, hierarchy: bool, growth: float, now: float, candidate: float | None = None,
+                  share: Share | None = None) -> float:
         """Tokens the gate counts a worker's sessions at (``growth``: a session's projected growth;
         ``candidate``: the projection of a new session about to be placed, which the ``peak`` rule
-        needs to know: then the result + ``candidate`` is what the worker would count with it).
+        needs to know: then the result + ``candidate`` is what the worker would count with it;
+        ``share``: the prefix the new session shares with open sessions).
 
         With a host tier every session holding KV counts: its context + growth_tokens x its turns
         left (the turns it took shrink what it still adds; with ``host_tier_projection = peak`` the
         most they hold at once, ``peak``), an idle one x its ``duty_cycle`` with
-        ``host_tier_idle_weight = duty_cycle``. Without one, the resident sessions: running ones their
-        context + ``growth``; idle leased ones the same, or with ``idle_weight = duty_cycle`` that x
-        their ``duty_cycle``.
+        ``host_tier_idle_weight = duty_cycle``. A prefix that holding sessions share (``Share``) is
+        counted once, at the largest weight of those holding it: SGLang's radix tree and its host tier
+        hold it once. Without one, the resident sessions: running ones their context + ``growth``;
+        idle leased ones the same, or with ``idle_weight = duty_cycle`` that x their ``duty_cycle``.
         """
         if hierarchy:
             weigh = self.settings.host_tier_idle_weight == "duty_cycle" and self.service_s is not None
             if self.settings.host_tier_projection == "peak":
-                sessions = [(r.context_tokens, self.turns_left(r.turns), self._idle_weight(r, now, weigh))
+                sessions = [(r.context_tokens, self.turns_left(r.turns), self._idle_weight(r, now, weigh), r.share)
                             for r in load.holding_records.values()]
                 if candidate is None:
                     return self.peak(sessions)
                 turns = self.session_turns
                 start = max(candidate - self.growth_tokens * turns, 0.0)
-                return self.peak([*sessions, (start, turns, 1.0)]) - candidate
+                return self.peak([*sessions, (start, turns, 1.0, share)]) - candidate
             total = load.holding_tokens + self.growth_tokens * load.holding_turns_left
-            if weigh:
-                for r in load.holding_records.values():
-                    w = self._idle_weight(r, now, True)
-                    if w < 1.0:
-                        total -= (1.0 - w) * (r.context_tokens + self.growth_tokens * self.turns_left(r.turns))
+            weights = {}
+            for r in load.holding_records.values():
+                w = weights[r.session_id] = self._idle_weight(r, now, weigh)
+                if w < 1.0:
+                    total -= (1.0 - w) * (r.context_tokens + self.growth_tokens * self.turns_left(r.turns))
+            total -= held_twice([(r.share, weights[r.session_id]) for r in load.holding_records.values()])
+            if share is not None and any(r.share == share for r in load.holding_records.values()):
+                total -= share.tokens  # the new session's prefix is held already
             return total
         running = load.running_tokens + growth * load.running
         if self.settings.idle_weight != "duty_cycle" or self.service_s is None:
@@ -103,14 +120,24 @@ class Projection:
             return running + (load.resident_tokens - load.running_tokens) + growth * idle
         return running + sum(self.duty_cycle(r, now) * (r.context_tokens + growth) for r in load.idle_leased.values())
 
-    def peak(self, sessions: Iterable[tuple[float, float, float]]) -> float:
-        """The most ``sessions`` (context, turns left, weight) hold at once over the turns ahead:
-        each grows by ``growth_tokens`` a turn until its turns are done, then its KV is gone. The
-        sum rises between two ends and drops at each, so its peak is just before one of them."""
+    def peak(self, sessions: Iterable[tuple[float, float, float, Share | None]]) -> float:
+        """The most ``sessions`` (context, turns left, weight, shared prefix) hold at once over the
+        turns ahead: each grows by ``growth_tokens`` a turn until its turns are done, then its KV is
+        gone. The sum rises between two ends and drops at each, so its peak is just before one of
+        them. A shared prefix counts once while any session holding it is there, at the largest
+        weight among them (the one that runs most needs it on the GPU that often)."""
         best = weight = tokens = 0.0
-        for context, turns, w in sorted(sessions, key=lambda s: -s[1]):
+        held: dict[int, float] = {}  # prefix -> the weight it is counted at so far
+        for context, turns, w, share in sorted(sessions, key=lambda s: -s[1]):
             weight += w
-            tokens += w * context
+            if share is None:
+                tokens += w * context
+            else:
+                tokens += w * max(context - share.tokens, 0)
+                top = held.get(share.key, 0.0)
+                if w > top:
+                    tokens += (w - top) * share.tokens
+                    held[share.key] = w
             best = max(best, tokens + self.growth_tokens * turns * weight)
         return best
 
@@ -167,6 +194,17 @@ class Projection:
             return 0.0
         total = self.service_s + remaining
         return self.service_s / total if total > 0 else 1.0
+
+
+def held_twice(sessions: Iterable[tuple[Share | None, float]]) -> float:
+    """Tokens a plain sum of the sessions (shared prefix, weight) counts more than once: each shared
+    prefix counted at every weight but the largest."""
+    total: dict[int, tuple[int, float, float]] = {}  # prefix -> (its tokens, sum of weights, largest)
+    for share, w in sessions:
+        if share is not None:
+            _, summed, top = total.get(share.key, (share.tokens, 0.0, 0.0))
+            total[share.key] = (share.tokens, summed + w, max(top, w))
+    return sum(tokens * (summed - top) for tokens, summed, top in total.values())
 
 
 def _ewma(mean: float | None, value: float) -> float:

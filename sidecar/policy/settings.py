@@ -163,6 +163,14 @@ class AdmissionSettings(BaseModel):
     learn_growth: bool = Field(
         True, description="Learn the per-turn growth (append + output) from observed turns."
     )
+    growth_prior_turns: float = Field(
+        0.0,
+        ge=0,
+        description="Turns expected_growth_tokens counts for against the learned ones: the growth is then their mean "
+        "(forgetting at 1 % a turn after 100), not an exponential average at 10 % a turn. The turns that end first "
+        "are the short ones, so a wave of agents starting together would otherwise be admitted on the growth of "
+        "its shortest first turns (0 = the exponential average).",
+    )
     host_tier_capacity: Literal["sum", "distinct"] = Field(
         "sum",
         description="With a host tier, what the gate's budget counts: sum = GPU + host tokens; distinct = what "

@@ -241,7 +241,7 @@ class Turn:
             raise too_long(str(len(ids)), limit)
         core.metrics.turns.labels(kind="continued" if res.base else ("new" if res.is_new_session else "branch")).inc()
         try:
-            await core.policy.admit(session.id, len(ids), res.is_new_session, req.scope)
+            await core.policy.admit(session.id, len(ids), res.is_new_session, req.scope, ids)
         except AdmissionRejected as exc:
             raise too_many(str(exc), exc.retry_after_s, exc.code) from None
         self._admitted = True

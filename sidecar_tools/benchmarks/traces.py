@@ -27,6 +27,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 FORMAT = "agent-trace-v1"
 
+# (shared, first, later) tokens a chat template adds to a trace's rounds (``Trace.with_template_tokens``).
+# qwen3-openai: Qwen3-8B's template through the replay's OpenAI client with its two tools
+# (``clients.TOOLS``), measured by rendering reference sessions: round 0 is 3,759 tokens for 3,500 of
+# trace, 3,254 of them common to every session (3,000 of system prompt); every later round 10 more;
+# the same +258 / +10 on the TraceLab and mini-swe-agent sessions of the H200 runs.
+TEMPLATE_TOKENS: dict[str, tuple[int, int, int]] = {"none": (0, 0, 0), "qwen3-openai": (254, 5, 10)}
+
 
 # --------------------------------------------------------------------------------------------
 # Model
@@ -120,6 +127,25 @@ class Trace(BaseModel):
             raise ValueError("replicated session ids collide (a session id already ends in ~r<k>)")
         meta = {**self.meta, "replicated": {"copies": copies, "offset_s": offset_s}}
         return self.model_copy(update={"sessions": sessions, "meta": meta})
+
+    def with_template_tokens(self, shared: int, first: int, later: int) -> "Trace":
+        """Copy with the tokens a chat template adds to what a chat client sends: ``shared`` at the
+        front of every session (the system block's markers and tool definitions, alike in every
+        session, so they join the shared prefix), ``first`` after round 0's own text (the markers that
+        close the task and open the reply) and ``later`` in every later round (those around the reply
+        and the tool result). The raw ids the simulator sends then count what the OpenAI path's
+        rendered prompts count (``TEMPLATE_TOKENS``)."""
+        if min(shared, first, later) < 0:
+            raise ValueError(f"template tokens must be >= 0, got {shared},{first},{later}")
+
+        def rounds(s: Session) -> list[Round]:
+            return [r.model_copy(update={"append_tokens": r.append_tokens + (shared + first if k == 0 else later)})
+                    for k, r in enumerate(s.rounds)]
+
+        sessions = [s.model_copy(update={"rounds": rounds(s)}) for s in self.sessions]
+        meta = {**self.meta, "template_tokens": {"shared": shared, "first": first, "later": later}}
+        return self.model_copy(update={"sessions": sessions, "shared_prefix_tokens": self.shared_prefix_tokens + shared,
+                                       "meta": meta})
 
     def head(self, n_sessions: int | None = None, n_rounds: int | None = None) -> "Trace":
         """Copy limited to the first sessions / rounds (quick runs)."""

@@ -55,6 +55,20 @@ def parse_sidecar_set(pairs: tuple[str, ...] | list[str]) -> dict[str, dict[str,
     return out
 
 
+def parse_template_tokens(value: str) -> tuple[int, int, int]:
+    """A ``TEMPLATE_TOKENS`` name or ``SHARED,FIRST,LATER`` -> (shared, first, later)."""
+    from sidecar_tools.benchmarks.traces import TEMPLATE_TOKENS
+
+    if value in TEMPLATE_TOKENS:
+        return TEMPLATE_TOKENS[value]
+    try:
+        shared, first, later = (int(x) for x in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected {', '.join(TEMPLATE_TOKENS)} or SHARED,FIRST,LATER, got {value!r}",
+                                 param_hint="--template-tokens") from None
+    return shared, first, later
+
+
 def _json_option(value: str | None, hint: str) -> dict[str, Any] | None:
     if not value:
         return None
@@ -101,6 +115,9 @@ def _command_line(ctx: click.Context) -> str:
 @click.option("--tool-wait", type=float, default=None, help="Fixed tool gap in s (default: the trace's).")
 @click.option("--start-spacing", type=float, default=None,
               help="Session i starts at i x S s instead of its recorded start (0: all at once); before --replicate.")
+@click.option("--template-tokens", default="none",
+              help="Tokens a chat template adds to what the trace sends: qwen3-openai (what the OpenAI path through the "
+                   "sidecar renders on the H200 runs: 254 shared + 5 in round 0, 10 a later round), none, or SHARED,FIRST,LATER.")
 @click.option("--replicate", type=int, default=1, show_default=True,
               help="Run N copies of every session (copy k: id <id>~r<k>, its own prompts).")
 @click.option("--replicate-offset", type=float, default=0.0, show_default=True,
@@ -269,6 +286,8 @@ def _replay(ctx: click.Context, kw: dict[str, Any], policy_config: dict[str, Any
     try:
         if kw["start_spacing"] is not None:
             trace = trace.with_start_spacing(kw["start_spacing"])
+        if kw["template_tokens"] != "none":
+            trace = trace.with_template_tokens(*parse_template_tokens(kw["template_tokens"]))
         trace = trace.replicated(kw["replicate"], kw["replicate_offset"])
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
@@ -321,7 +340,7 @@ def _replay(ctx: click.Context, kw: dict[str, Any], policy_config: dict[str, Any
         "radix_eviction_policy_config": policy_config, "session_radix_cache": engine.session_radix_cache,
         "chunked_prefill_size": engine.chunked_prefill_size,
         "max_prefill_tokens": engine.max_prefill_tokens, "sidecar": sidecar_info,
-        "start_spacing_s": kw["start_spacing"], "replicate": kw["replicate"], "replicate_offset_s": kw["replicate_offset"],
+        "start_spacing_s": kw["start_spacing"], "template_tokens": kw["template_tokens"], "replicate": kw["replicate"], "replicate_offset_s": kw["replicate_offset"],
     })
     if engine.host_tier is not None:
         run["config"]["hicache"] = {**engine.hicache_server_args(), "host_pool_tokens": engine.host_pool_tokens(),

@@ -39,8 +39,12 @@ def _miniswe(offset: str) -> list[str]:
 _TRACELAB = ["--trace", f"{REAL}/tracelab-examples.jsonl", "--replicate", "7", "--replicate-offset", "20",
              "--context-length", "65536"]
 
+_OPENAI = ["--template-tokens", "qwen3-openai"]
+
 # workload -> (trace flags, host-tier ratio); the same as run_matrix.sh's. miniswe-o0.4 / -o0.6 are
-# miniswe with its copies 0.4 / 0.6 s apart: how far its tail moves with the arrival pattern alone.
+# miniswe with its copies 0.4 / 0.6 s apart: how far its tail moves with the arrival pattern alone;
+# *-n26: the reference with 26 agents (past where a per-agent count of the shared prompt stops fitting);
+# *-openai: the prompts as the OpenAI path renders them on the GPU (the chat template's tokens added).
 WORKLOADS: dict[str, tuple[list[str], int]] = {
     "0.5s": (["--synthetic", "reference", "--tool-wait", "0.5"], 3),
     "5s": (["--synthetic", "reference", "--tool-wait", "5"], 3),
@@ -50,6 +54,11 @@ WORKLOADS: dict[str, tuple[list[str], int]] = {
     "tracelab-r1": (_TRACELAB, 1),
     "miniswe-o0.4": (_miniswe("0.4"), 3),
     "miniswe-o0.6": (_miniswe("0.6"), 3),
+    "0.5s-n26": (["--synthetic", "reference", "--sessions", "26", "--tool-wait", "0.5"], 3),
+    "5s-n26": (["--synthetic", "reference", "--sessions", "26", "--tool-wait", "5"], 3),
+    "0.5s-openai": (["--synthetic", "reference", "--tool-wait", "0.5", *_OPENAI], 3),
+    "5s-openai": (["--synthetic", "reference", "--tool-wait", "5", *_OPENAI], 3),
+    "5s-openai-n26": (["--synthetic", "reference", "--sessions", "26", "--tool-wait", "5", *_OPENAI], 3),
 }
 MATRIX_WORKLOADS = ("0.5s", "5s", "tracelab", "miniswe", "overload", "tracelab-r1")
 
@@ -81,7 +90,14 @@ class Round:
     workloads: tuple[str, ...] = MATRIX_WORKLOADS
     unconstrained_on: tuple[str, ...] = ()  # workloads that get the ``unconstrained`` row
     ratio_1_only: tuple[str, ...] = ()  # rows run on the ratio-1 workloads only
-    stock_from: Path | None = None  # take the ``hicache`` rows from this round (the LRU path unchanged)
+    # take the ``hicache`` rows from these rounds, the first that has each (the LRU path unchanged)
+    stock_from: Path | tuple[Path, ...] | None = None
+
+    def stock_file(self, workload: str, suffix: str) -> Path | None:
+        """The earlier round's ``hicache-<workload><suffix>``, if one has it."""
+        rounds = (self.stock_from,) if isinstance(self.stock_from, Path) else self.stock_from or ()
+        return next((d / f"hicache-{workload}{suffix}" for d in rounds if (d / f"hicache-{workload}{suffix}").exists()),
+                    None)
 
     def cells(self, only: list[str] | None, rows: list[str] | None) -> list[tuple[str, str]]:
         return [(r, w) for w in self.workloads for r in self.rows
@@ -153,16 +169,17 @@ def run(round_: Round, argv: list[str] | None = None, description: str = "") -> 
     ap.add_argument("--table-only", action="store_true")
     if round_.stock_from is not None:
         ap.add_argument("--copy-stock", action="store_true",
-                        help=f"take the hicache rows from {round_.stock_from} (LRU path unchanged)")
+                        help=f"take the hicache rows from {round_.stock_from} where they are (LRU path unchanged)")
     args = ap.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     cells = round_.cells(args.only, args.rows)
     if getattr(args, "copy_stock", False):
-        for w in {w for _, w in cells}:
+        copied = {w for _, w in cells if round_.stock_file(w, ".json") is not None}
+        for w in copied:
             for suffix in (".json", "-turns.csv"):
-                shutil.copy(round_.stock_from / f"hicache-{w}{suffix}", out / f"hicache-{w}{suffix}")
-        cells = [(r, w) for r, w in cells if r != "hicache"]
+                shutil.copy(round_.stock_file(w, suffix), out / f"hicache-{w}{suffix}")
+        cells = [(r, w) for r, w in cells if r != "hicache" or w not in copied]
     if not args.table_only:
         cmds = [round_.command(r, w, out) for r, w in cells]
         with (out / "commands.txt").open("a") as f:

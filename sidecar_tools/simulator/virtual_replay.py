@@ -103,7 +103,7 @@ class SidecarLoop:
     def gate(self) -> Any:
         return self.policy.gate
 
-    def admit(self, session_id: str, prompt_tokens: int, is_new_session: bool, proceed: Callable[[], None]) -> bool:
+    def admit(self, session_id: str, prompt_ids: list[int], is_new_session: bool, proceed: Callable[[], None]) -> bool:
         """``await policy.admit(...)`` without a loop: proceed() now or when the gate lets the
         session through; False when the queue is full (the sidecar answers 429)."""
         from sidecar.policy import AdmissionRejected
@@ -111,7 +111,7 @@ class SidecarLoop:
         session, _ = self.sessions.open(session_id)
         session.inflight += 1  # from here on, as in the turn core: a waiting session is in use
         try:
-            self.policy.offer_admission(session_id, prompt_tokens, is_new_session, on_grant=proceed)
+            self.policy.offer_admission(session_id, len(prompt_ids), is_new_session, on_grant=proceed, prompt_ids=prompt_ids)
         except AdmissionRejected:
             session.inflight -= 1
             self.rejected += 1
@@ -342,7 +342,7 @@ class VirtualReplay:
             self._submit(st, rec, ids, lease_params(self.opts.lease_ttl_s) if self.opts.lease_ttl_s is not None else None)
             return
         self._rehome_if_lost(st, sid)
-        ok = self.sidecar.admit(sid, len(ids), k == 0, proceed=lambda: self._granted(st, rec, ids))
+        ok = self.sidecar.admit(sid, ids, k == 0, proceed=lambda: self._granted(st, rec, ids))
         if not ok:
             rec.error = "http 429: admission queue full"
             rec.end_s = self.clock_now

@@ -56,11 +56,14 @@ def on_store(policy, max_sessions: int = 10_000):
     return policy
 
 
-async def admit(policy, session_id: str, prompt_tokens: int, is_new_session: bool = True) -> None:
+async def admit(policy, session_id: str, prompt_tokens: int, is_new_session: bool = True, prompt_ids=None) -> None:
     """A request of ``session_id`` as the turn core makes it: the session is opened in the store
-    (if it is new there), then admitted."""
+    (if it is new there), then admitted (with its prompt's ids, if given)."""
     policy.sessions.open(session_id)
-    await policy.admit(session_id, prompt_tokens, is_new_session)
+    if prompt_ids is None:
+        await policy.admit(session_id, prompt_tokens, is_new_session)
+    else:
+        await policy.admit(session_id, prompt_tokens, is_new_session, prompt_ids=prompt_ids)
 
 
 def lease_ttl(policy, session_id: str, context_tokens: int, now: float) -> float | None:

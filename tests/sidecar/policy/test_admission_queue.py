@@ -39,7 +39,7 @@ class OnePool:
     def __init__(self, budget, residents):
         self.budget, self.residents = budget, residents
 
-    def choose(self, tokens, force=False):
+    def choose(self, tokens, force=False, share=None):
         return choose_worker([WorkerRoom("w", self.budget, *self.residents.projection())], tokens, force)
 
 

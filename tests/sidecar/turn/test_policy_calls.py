@@ -57,7 +57,7 @@ def test_the_simulators_sidecar_makes_the_turns_calls():
     loop = SidecarLoop(settings, 100_000, lambda: now[0])
     loop.policy = recorder = Recorder(inner=loop.policy)
     loop.revise = lambda sid, args: None
-    assert loop.admit("s", 100, True, proceed=lambda: None)
+    assert loop.admit("s", list(range(100)), True, proceed=lambda: None)
     loop.start_turn("s", 100)
     now[0] = 1.0
     loop.end_turn("s", 150, ["bash"], ok=True)

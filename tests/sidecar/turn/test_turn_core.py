@@ -78,3 +78,14 @@ async def test_a_failed_first_request_leaves_no_session_and_no_policy_record(cor
     assert core.policy.gate.queue_length == 0
     # the refused one never became a session; the failed one was forgotten the one way
     assert core.metrics.registry.get_sample_value("sidecar_sessions_closed_total", {"reason": "failed"}) == 1
+
+
+async def test_agents_with_one_system_prompt_share_its_prefix_at_the_door(core, sglang_double, qwen3_tokenizer):
+    """The door gets the rendered prompt ids: two agents of one deployment (the same system prompt
+    and tools) are counted as holding its blocks once."""
+    sglang_double.responder = scripted_responder(qwen3_tokenizer.encode("ok", add_special_tokens=False) + [IM_END_ID])
+    system = {"role": "system", "content": " ".join(f"rule {i}: keep the tests green." for i in range(60))}
+    for sid, task in (("agent-1", "fix the parser"), ("agent-2", "write the docs")):
+        await run(core, TurnRequest(messages=[system, {"role": "user", "content": task}], session_id=sid))
+    first, second = (core.sessions.get(s).record.share for s in ("agent-1", "agent-2"))
+    assert first is not None and first == second and first.tokens >= 512

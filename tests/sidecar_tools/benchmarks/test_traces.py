@@ -111,3 +111,29 @@ def test_with_start_spacing_replaces_the_recorded_starts():
     trace = _two_sessions().with_start_spacing(2.0)
     assert [s.start_s for s in trace.sessions] == [0.0, 2.0] and trace.meta["start_spacing_override_s"] == 2.0
     assert [s.start_s for s in _two_sessions().with_start_spacing(0).replicated(2, 0.5).sessions] == [0, 0, 0.5, 0.5]
+
+
+def test_template_tokens_make_the_raw_prompts_what_the_openai_path_rendered_on_the_gpu():
+    """The H200 sitting of 2026-12-03 sent the reference trace through the sidecar's OpenAI door:
+    every prompt there is the trace's + 259 in round 0 + 10 a later round, and the simulator's raw
+    ids count the same once the template's tokens are added (the shared ones joining the prefix)."""
+    import csv
+    from pathlib import Path
+
+    from sidecar_tools.benchmarks.clients import ClientOptions, GenerateClient
+    from sidecar_tools.benchmarks.traces import TEMPLATE_TOKENS, _prompt_lengths
+
+    raw = generate(build_config("reference", seed=None, sessions=None))
+    trace = raw.with_template_tokens(*TEMPLATE_TOKENS["qwen3-openai"])
+    gpu = Path(__file__).resolve().parents[3] / "benchmarks/results/h200-2026-12-03/hicache-5s-turns.csv"
+    with gpu.open(newline="") as f:
+        sent = {(t["session"].removesuffix("-hicache-5s"), int(t["turn"])): int(t["prompt_tokens"]) for t in csv.DictReader(f)}
+    for session in trace.sessions:
+        assert _prompt_lengths(session) == [sent[session.session_id, k] for k in range(len(session.rounds))]
+    assert _prompt_lengths(raw.sessions[0])[0] == 3_500 and trace.shared_prefix_tokens == 3_254
+    client = GenerateClient(None, "", trace, ClientOptions())
+    a, b = (client.new_ids(client.start(s), 0, s.rounds[0]) for s in trace.sessions[:2])
+    assert a[:3_254] == b[:3_254] and a[3_254] != b[3_254]
+    assert trace.meta["template_tokens"] == {"shared": 254, "first": 5, "later": 10}
+    with pytest.raises(ValueError):
+        raw.with_template_tokens(-1, 0, 0)

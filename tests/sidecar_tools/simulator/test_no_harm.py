@@ -55,3 +55,18 @@ def test_copy_stock_takes_the_baseline_from_another_round(tmp_path):
     run(r, ["--copy-stock", "--only", "overload"])  # nothing left to simulate: stock is copied
     assert json.loads((now / "hicache-overload.json").read_text())["summary"]["makespan_s"] == 200.0
     assert "| overload | hicache | 200.0 s | 1.00x |" in (now / "table.md").read_text()
+
+
+def test_copy_stock_runs_the_baselines_no_earlier_round_has(tmp_path):
+    older, earlier, now = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    older.mkdir()
+    earlier.mkdir()
+    _cell(older, "hicache-overload", 100.0, 4.0, [1.0])
+    _cell(earlier, "hicache-overload", 200.0, 4.0, [1.0])
+    _cell(older, "hicache-5s-n26", 110.0, 0.5, [0.5])
+    r = Round(out=now, rows={"hicache": stock}, stock_from=(earlier, older), workloads=("overload", "5s-n26", "5s-openai"))
+    assert r.stock_file("overload", ".json") == earlier / "hicache-overload.json"
+    assert r.stock_file("5s-n26", ".json") == older / "hicache-5s-n26.json"
+    assert r.stock_file("5s-openai", ".json") is None
+    cmd = r.command("hicache", "5s-openai", now)
+    assert cmd[cmd.index("--template-tokens") + 1] == "qwen3-openai"
