@@ -8,8 +8,11 @@ each; once it fits it runs like any other; where everyone fits (every ratio-3 ru
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
-from policy_helpers import FakeClock, make_policy
+from policy_helpers import FakeClock, admit, make_policy
 
 from sidecar.engine.capacity import EngineCapacity
 from sidecar.policy import TurnEnd
@@ -128,3 +131,16 @@ def test_a_paced_turn_that_gives_up_leaves_the_queue():
     waiting = request(policy, "late", 3_200, False)
     policy.gate.cancel(waiting)
     assert waiting.state == "cancelled" and policy.gate.turns_waiting == 0 and policy.gate.next_deadline() is None
+
+
+async def test_the_server_path_waits_out_a_paced_turn_on_the_event_loop():
+    """``admit`` (the turn core's call) returns for a paced later turn once its limit passed."""
+    policy = policy_with_host_tier(time.monotonic, max_wait=0.05, paced_turn_max_wait=0.2, poll_interval=0.05)
+    request(policy, "big", 9_000, True)
+    turn(policy, time.monotonic, "big", 9_000)
+    await admit(policy, "late", 3_000)
+    assert paced(policy, "late")
+    turn(policy, time.monotonic, "late", 3_000)
+    started = time.monotonic()
+    await asyncio.wait_for(admit(policy, "late", 3_200, is_new_session=False), 2.0)
+    assert 0.19 <= time.monotonic() - started < 1.0 and policy.gate.turns_waiting == 0
