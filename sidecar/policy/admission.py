@@ -1,8 +1,9 @@
 """Admission of new sessions: a bounded queue in front of the KV pools, fair across keys.
 
-Who is gated: only a new session's first request, and only with ``[admission] enabled``; every
-other request is let through at once (``LeasePolicy.offer_admission``). The turn core answers a
-rejection (``AdmissionRejected``) with 429 + Retry-After.
+Who is gated: a new session's first request, and only with ``[admission] enabled``; with a host
+tier and ``paced_turn_max_wait`` also the later turns of a paced session (one let in at ``max_wait``
+without room); every other request is let through at once (``LeasePolicy.offer_admission``). The
+turn core answers a rejection (``AdmissionRejected``) with 429 + Retry-After.
 
 The rule: the session at the head of the queue starts on a worker (``placement.choose_worker``,
 the roomiest that fits) when
@@ -38,6 +39,15 @@ write-through holds twice (``EngineCapacity.distinct_hierarchy_tokens``). What i
                     agent out for 5 s is needed ~1/5 of the time; the plugin's leased-fraction bound
                     and pressure valve give it up when running requests need the room).
 
+Paced turns: where the door's ``max_wait`` lets a session in that does not fit, it would thrash
+the admitted ones (on the 48-agent overload at ratio 1, 20 first turns let in at 60 s recomputed
+41 % of all history). Such a session is paced: each later turn waits, first in first out and before
+any new session, until the session fits the budget counted at its remaining growth
+(``Placement.resume``, no overflow: then it is admitted like any other) or ``paced_turn_max_wait``
+(then that turn runs and the session stays paced). While paced it counts at its context only: it
+grows a turn at a time. Where the door never lets a session in without room (every ratio-3 run) no
+session is paced and nothing changes.
+
 Order: keys are served round-robin (a key = an API key's scope; without auth every session has the
 same one, and the queue is plain FIFO): the next session to go is the head of the key whose turn it
 is, and nobody overtakes that head. A key holds at most ``key_share`` of ``max_queue``; when the
@@ -72,6 +82,9 @@ class Placement(Protocol):
 
     def choose(self, tokens: float, force: bool = False, share: Share | None = None) -> str | None: ...
 
+    def resume(self, session_id: str, worker: str | None) -> bool:
+        """A paced session's next turn has room on its worker."""
+
 
 @dataclass(eq=False)
 class AdmissionTicket:
@@ -82,6 +95,8 @@ class AdmissionTicket:
     tokens: float  # projected to the end of its next turns
     scope: str = ""  # the key it came with
     share: Share | None = None  # the prefix it shares with open sessions (counted once)
+    paced_turn: bool = False  # a paced session's later turn (``worker``: where its KV is)
+    worker: str | None = None
     enqueued_at: float | None = None  # None: it never queued
     state: Literal["waiting", "granted", "cancelled", "rejected"] = "waiting"
     # runs once, right after the grant (inside offer or pump); the request may start from then on
@@ -112,7 +127,10 @@ class AdmissionQueue:
         clock: Callable[[], float] = time.monotonic,
         metrics=None,
         key_share: float = 1.0,
+        on_room: Callable[[str, bool], None] | None = None,
     ):
+        """``on_room(session, had_room)``: a gated request was let through, with room or (False) at
+        its wait limit without: the policy paces the session from then on, or stops pacing it."""
         self.settings = settings
         self.placement = placement
         self._grant = grant
@@ -122,11 +140,18 @@ class AdmissionQueue:
         self.key_limit = max(1, math.floor(key_share * settings.max_queue))
         self._keys: dict[str, deque[AdmissionTicket]] = {}  # waiting tickets by key, in serving order
         self._length = 0
+        self._paced: deque[AdmissionTicket] = deque()  # paced sessions' later turns, first in first out
+        self._on_room = on_room
         self._mean_wait: float | None = None
 
     @property
     def queue_length(self) -> int:
         return self._length
+
+    @property
+    def turns_waiting(self) -> int:
+        """Later turns of paced sessions waiting for room."""
+        return len(self._paced)
 
     def waiting_of(self, scope: str) -> int:
         """New sessions of ``scope`` waiting now."""
@@ -171,6 +196,21 @@ class AdmissionQueue:
         self.pump()
         return ticket
 
+    def offer_turn(self, session_id: str, worker: str | None, prompt_tokens: int,
+                   on_grant: Callable[[], None] | None = None) -> AdmissionTicket:
+        """A later turn of a paced session (its KV on ``worker``) asks to run: granted now when no
+        paced turn waits and it has room, else queued until it has or ``paced_turn_max_wait``."""
+        ticket = AdmissionTicket(session_id, prompt_tokens, prompt_tokens, on_grant=on_grant, paced_turn=True,
+                                 worker=worker)
+        if not self._paced and self.placement.resume(session_id, worker):
+            self._admit(ticket, None, None, None)
+            self.pump()  # no longer paced: new sessions may go now
+            return ticket
+        ticket.enqueued_at = self._clock()
+        self._paced.append(ticket)
+        self.pump()
+        return ticket
+
     def let_through(
         self, session_id: str, prompt_tokens: int, on_grant: Callable[[], None] | None = None
     ) -> AdmissionTicket:
@@ -184,15 +224,18 @@ class AdmissionQueue:
         """When the first waiter reaches ``max_wait`` (None: nobody waits, or no limit). Whoever
         drives the queue must pump at this time, not at its next periodic pass, or the wait
         overshoots ``max_wait`` by up to one period."""
-        if not self._length or self.settings.max_wait <= 0:
-            return None
-        return min(q[0].enqueued_at for q in self._keys.values()) + self.settings.max_wait
+        deadlines = []
+        if self._length and self.settings.max_wait > 0:
+            deadlines.append(min(q[0].enqueued_at for q in self._keys.values()) + self.settings.max_wait)
+        if self._paced:
+            deadlines.append(self._paced[0].enqueued_at + self.settings.paced_turn_max_wait)
+        return min(deadlines, default=None)
 
     def pump(self) -> int:
         """Let waiters through, keys in turn, while the next one fits, and any that waited
         ``max_wait``; returns how many went. Call it when time passed or the residency changed."""
-        granted = 0
         now = self._clock()
+        granted = self._pump_paced(now)
         while self._length:
             key, head = self._next_timed_out(now)
             timed_out = head is not None
@@ -206,7 +249,8 @@ class AdmissionQueue:
             if worker is not None:
                 self._admit(head, "queued", now - head.enqueued_at, worker)
             else:  # waited long enough: the roomiest worker (SGLang's eviction has the last word)
-                self._admit(head, "timeout", now - head.enqueued_at, self.placement.choose(head.tokens, force=True, share=head.share))
+                self._admit(head, "timeout", now - head.enqueued_at,
+                            self.placement.choose(head.tokens, force=True, share=head.share), had_room=False)
             granted += 1
         return granted
 
@@ -216,6 +260,10 @@ class AdmissionQueue:
         if ticket.granted:
             ticket.state = "cancelled"
             self._ungrant(ticket.session_id)
+        elif ticket.waiting and ticket.paced_turn:
+            ticket.state = "cancelled"
+            self._paced.remove(ticket)
+            self.pump()
         elif ticket.waiting:
             ticket.state = "cancelled"
             queue = self._keys.get(ticket.scope)
@@ -228,13 +276,27 @@ class AdmissionQueue:
             self.pump()
 
     # ------------------------------------------------------------------ internals
+    def _pump_paced(self, now: float) -> int:
+        """Paced turns, in order, while the head has room or waited ``paced_turn_max_wait``."""
+        granted = 0
+        while self._paced:
+            head = self._paced[0]
+            timed_out = now >= head.enqueued_at + self.settings.paced_turn_max_wait  # as next_deadline has it
+            had_room = self.placement.resume(head.session_id, head.worker)
+            if not (had_room or timed_out):
+                break
+            self._paced.popleft()
+            self._admit(head, None, None, None, had_room=had_room)
+            granted += 1
+        return granted
+
     def _next_timed_out(self, now: float) -> tuple[str | None, AdmissionTicket | None]:
         """The longest-waiting head past ``max_wait``, if any."""
         if self.settings.max_wait <= 0:
             return None, None
         key = min(self._keys, key=lambda k: self._keys[k][0].enqueued_at)
         head = self._keys[key][0]
-        return (key, head) if now - head.enqueued_at >= self.settings.max_wait else (None, None)
+        return (key, head) if now >= head.enqueued_at + self.settings.max_wait else (None, None)  # as next_deadline
 
     def _pop(self, key: str) -> None:
         """The head of ``key`` goes; the key's turn passes to the next key."""
@@ -260,9 +322,13 @@ class AdmissionQueue:
             victim.on_reject()
         return True
 
-    def _admit(self, ticket: AdmissionTicket, decision: str | None, waited: float | None, worker: str | None) -> None:
+    def _admit(self, ticket: AdmissionTicket, decision: str | None, waited: float | None, worker: str | None,
+               had_room: bool = True) -> None:
+        """Grant ``ticket`` (``decision`` None: not a new session's; ``had_room``: it fitted)."""
         self._grant(ticket.session_id, ticket.prompt_tokens, worker)
         ticket.state = "granted"
+        if self._on_room is not None and (decision is not None or ticket.paced_turn):
+            self._on_room(ticket.session_id, had_room)
         if decision is not None:
             self._record(decision, waited)
         if ticket.on_grant is not None:

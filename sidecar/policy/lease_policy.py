@@ -75,6 +75,7 @@ class LeasePolicy:
             clock=clock,
             metrics=self.metrics,
             key_share=key_queue_share,
+            on_room=self._on_room,
         )
 
     @property
@@ -141,6 +142,8 @@ class LeasePolicy:
         growth = self.projection.growth(self.placement.hierarchy())
         if is_new_session and self.admission_settings.enabled:
             return self.gate.offer(session_id, prompt_tokens, prompt_tokens + growth, on_grant, scope, record.share)
+        if record.paced and self.admission_settings.enabled:
+            return self.gate.offer_turn(session_id, record.worker, prompt_tokens, on_grant)
         if record.worker is None or record.worker not in self.placement.capacities:  # not placed (admission off, re-homed)
             worker = self.placement.choose(prompt_tokens + growth, force=True, share=record.share)
             if worker is not None:
@@ -153,6 +156,17 @@ class LeasePolicy:
         record = self.sessions.record(session_id)
         if record is not None and record.share is None:
             record.share = share
+
+    def _on_room(self, session_id: str, had_room: bool) -> None:
+        """The gate let a request of the session through: one let in without room is paced from
+        now on where pacing is on (a host tier and ``paced_turn_max_wait``), one with room no more."""
+        record = self.sessions.record(session_id)
+        if record is None:
+            return
+        paced = not had_room and self.admission_settings.paced_turn_max_wait > 0 and self.placement.hierarchy()
+        if paced != record.paced:
+            record.paced = paced
+            self._count(record)
 
     def release_admission(self, session_id: str) -> None:
         """The request admitted by ``admit`` is over (finished, failed or aborted)."""

@@ -42,6 +42,7 @@ class SessionRecord:
     gap_stats: SessionGapStats = field(default_factory=SessionGapStats)
     censored: CensoredMark | None = None  # set when the open gap was learned as censored at close
     share: Share | None = None  # the leading tokens it shares with other open sessions (held once)
+    paced: bool = False  # let in without room: its later turns wait for room (``paced_turn_max_wait``)
 
     def is_resident(self, now: float) -> bool:
         """Its KV is in use or leased: running, or idle under an unexpired lease."""

@@ -80,14 +80,16 @@ class Projection:
         return self.growth_tokens * self.turns_ahead(hierarchy)
 
     def projected(self, load: Load, hierarchy: bool, growth: float, now: float, candidate: float | None = None,
-                  share: Share | None = None) -> float:
+                  share: Share | None = None, resuming: str | None = None) -> float:
         """Tokens the gate counts a worker's sessions at (``growth``: a session's projected growth;
         ``candidate``: the projection of a new session about to be placed, which the ``peak`` rule
         needs to know: then the result + ``candidate`` is what the worker would count with it;
-        ``share``: the prefix the new session shares with open sessions).
+        ``share``: the prefix the new session shares with open sessions; ``resuming``: a paced session
+        whose next turn asks for room, counted running with its turns left).
 
         With a host tier every session holding KV counts: its context + growth_tokens x its turns
-        left (the turns it took shrink what it still adds; with ``host_tier_projection = peak`` the
+        left (none for a paced session: it grows only as the gate lets its turns through; the turns
+        it took shrink what it still adds; with ``host_tier_projection = peak`` the
         most they hold at once, ``peak``), an idle one x its ``duty_cycle`` with
         ``host_tier_idle_weight = duty_cycle``. A prefix that holding sessions share (``Share``) is
         counted once, at the largest weight of those holding it: SGLang's radix tree and its host tier
@@ -97,7 +99,8 @@ class Projection:
         if hierarchy:
             weigh = self.settings.host_tier_idle_weight == "duty_cycle" and self.service_s is not None
             if self.settings.host_tier_projection == "peak":
-                sessions = [(r.context_tokens, self.turns_left(r.turns), self._idle_weight(r, now, weigh), r.share)
+                sessions = [(r.context_tokens, self._turns_left(r, resuming),
+                             1.0 if r.session_id == resuming else self._idle_weight(r, now, weigh), r.share)
                             for r in load.holding_records.values()]
                 if candidate is None:
                     return self.peak(sessions)
@@ -109,7 +112,7 @@ class Projection:
             for r in load.holding_records.values():
                 w = weights[r.session_id] = self._idle_weight(r, now, weigh)
                 if w < 1.0:
-                    total -= (1.0 - w) * (r.context_tokens + self.growth_tokens * self.turns_left(r.turns))
+                    total -= (1.0 - w) * (r.context_tokens + self.growth_tokens * self._turns_left(r))
             total -= held_twice([(r.share, weights[r.session_id]) for r in load.holding_records.values()])
             if share is not None and any(r.share == share for r in load.holding_records.values()):
                 total -= share.tokens  # the new session's prefix is held already
@@ -157,7 +160,7 @@ class Projection:
         losses = []  # (engine seconds per second per token, tokens)
         for r in load.holding_records.values():
             if self.service_s is None:  # the priors: the projected peak, nothing measured yet
-                tokens = r.context_tokens + self.growth_tokens * self.turns_left(r.turns)
+                tokens = r.context_tokens + self.growth_tokens * self._turns_left(r)
                 until = self.predictor.next_reply_distribution(r.gap_stats, int(tokens)).median()
             elif r.running or r.turn_ended_at is None:
                 continue
@@ -176,6 +179,13 @@ class Projection:
             spent += per_token * n
             tokens += n
         return tokens
+
+    def _turns_left(self, record: SessionRecord, resuming: str | None = None) -> float:
+        """The turns of growth still projected for a holding session: none while it is paced
+        (unless it is the one ``resuming``)."""
+        if record.paced and record.session_id != resuming:
+            return 0.0
+        return self.turns_left(record.turns)
 
     def _idle_weight(self, record: SessionRecord, now: float, weigh: bool) -> float:
         """1, or a session's duty cycle while it is between turns (``weigh``)."""

@@ -14,8 +14,9 @@ the sole worker's figures include when there is one worker) as
     resident  running or leased (its KV is in use or held on the GPU),
     holding   resident, or a turn of it finished (the engine has its KV in one of its tiers),
 and, while holding, with ``turns left`` = max(projected turns - turns it took, 1) (or, with
-``shrink`` off, all the projected turns): the turns of growth the gate still expects of it where
-the host tier keeps every open session's KV (``sidecar.policy.admission``).
+``shrink`` off, all the projected turns; none while it is paced: it grows only as the gate lets
+its turns through): the turns of growth the gate still expects of it where the host tier keeps
+every open session's KV (``sidecar.policy.admission``).
 """
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ class Residency:
         running = r.running > 0
         leased = r.lease_expires_at is not None and now < r.lease_expires_at
         holding = running or leased or r.holds_kv()
-        turns_left = self.turns_left(r.turns) if holding else 0.0
+        turns_left = self.turns_left(r.turns) if holding and not r.paced else 0.0
         return (r.worker, running, leased, holding, r.context_tokens, turns_left)
 
     def _apply(self, record: SessionRecord, c: _Contribution, sign: int) -> None:

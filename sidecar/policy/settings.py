@@ -177,6 +177,14 @@ class AdmissionSettings(BaseModel):
         "the two tiers hold without duplicates: under SGLang's default write-through policy every GPU page is "
         "copied to host, so max(GPU, host); GPU + host under write_back.",
     )
+    paced_turn_max_wait: float = Field(
+        0.0,
+        ge=0,
+        description="With a host tier: a session let through at max_wait without room is paced: each of its later "
+        "turns waits until its remaining growth fits (then it counts as admitted) or this many seconds, and no new "
+        "session starts before it (0 = off). A paced session adds a turn at a time instead of thrashing the "
+        "admitted ones; the wait is part of that turn's time to first token.",
+    )
     max_queue: int = Field(64, ge=0, description="Most new sessions waiting; beyond it they get 429.")
     max_wait: float = Field(
         120.0,

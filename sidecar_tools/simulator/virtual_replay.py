@@ -119,7 +119,8 @@ class SidecarLoop:
         return True
 
     def waiting(self) -> int:
-        return self.gate.queue_length
+        """Requests the gate holds: new sessions and paced sessions' later turns."""
+        return self.gate.queue_length + self.gate.turns_waiting
 
     def worker_of(self, session_id: str) -> str | None:
         return self.policy.worker_of(session_id)
