@@ -46,6 +46,17 @@ def turn(policy, clock, sid, prompt, reply=100):
     policy.release_admission(sid)
 
 
+def late_session_let_in(policy, clock):
+    """``big`` fills the pool; ``late`` waits the door's ``max_wait`` (5 s), goes in without room and
+    takes its first turn."""
+    request(policy, "big", 9_000, True)
+    turn(policy, clock, "big", 9_000)
+    request(policy, "late", 3_000, True)
+    clock.advance(5.0)
+    policy.gate.pump()
+    turn(policy, clock, "late", 3_000)
+
+
 def paced(policy, sid) -> bool:
     return policy.sessions.record(sid).paced
 
@@ -76,12 +87,7 @@ def test_a_session_let_in_without_room_waits_at_each_later_turn_at_most_the_limi
 def test_a_paced_session_runs_like_any_other_once_it_fits_and_goes_before_new_sessions():
     clock = FakeClock()
     policy = policy_with_host_tier(clock)
-    request(policy, "big", 9_000, True)
-    turn(policy, clock, "big", 9_000)
-    request(policy, "late", 3_000, True)
-    clock.advance(5.0)
-    policy.gate.pump()
-    turn(policy, clock, "late", 3_000)
+    late_session_let_in(policy, clock)
     policy.sessions.close("big")  # room for both: but the paced session goes first
     newcomer = request(policy, "new", 1_000, True)
     assert newcomer.waiting
@@ -99,13 +105,8 @@ def test_resuming_takes_the_budget_not_the_overflow():
 def test_without_a_host_tier_or_with_pacing_off_later_turns_go_at_once(host, limit):
     clock = FakeClock()
     policy = policy_with_host_tier(clock, host=host, paced_turn_max_wait=limit)
-    request(policy, "big", 9_000, True)
-    turn(policy, clock, "big", 9_000)
-    request(policy, "late", 3_000, True)
-    clock.advance(5.0)
-    policy.gate.pump()
+    late_session_let_in(policy, clock)
     assert not paced(policy, "late")
-    turn(policy, clock, "late", 3_000)
     assert request(policy, "late", 3_200, False).granted
 
 
@@ -122,12 +123,7 @@ def test_sessions_that_fit_are_never_paced():
 def test_a_paced_turn_that_gives_up_leaves_the_queue():
     clock = FakeClock()
     policy = policy_with_host_tier(clock)
-    request(policy, "big", 9_000, True)
-    turn(policy, clock, "big", 9_000)
-    request(policy, "late", 3_000, True)
-    clock.advance(5.0)
-    policy.gate.pump()
-    turn(policy, clock, "late", 3_000)
+    late_session_let_in(policy, clock)
     waiting = request(policy, "late", 3_200, False)
     policy.gate.cancel(waiting)
     assert waiting.state == "cancelled" and policy.gate.turns_waiting == 0 and policy.gate.next_deadline() is None
