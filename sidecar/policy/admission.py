@@ -45,7 +45,9 @@ the admitted ones (on the 48-agent overload at ratio 1, 20 first turns let in at
 any new session, until the session fits the budget counted at its remaining growth
 (``Placement.resume``, no overflow: then it is admitted like any other) or ``paced_turn_max_wait``
 (then that turn runs and the session stays paced). While paced it counts at its context only: it
-grows a turn at a time. Where the door never lets a session in without room (every ratio-3 run) no
+grows a turn at a time. New sessions wait behind a paced turn waiting at the gate, and behind a paced
+session back within ``paced_turn_max_wait`` of its last turn (``Placement``); one away longer (a long
+tool call, or gone without closing) holds nobody back. Where the door never lets a session in without room (every ratio-3 run) no
 session is paced and nothing changes.
 
 Order: keys are served round-robin (a key = an API key's scope; without auth every session has the
@@ -175,7 +177,7 @@ class AdmissionQueue:
         asks to start: granted now when nobody waits and it fits, else queued (granted by a later
         ``pump``); AdmissionRejected if its key's share or the queue is full."""
         ticket = AdmissionTicket(session_id, prompt_tokens, tokens, scope, share, on_grant=on_grant)
-        worker = None if self._length else self.placement.choose(tokens, share=share)
+        worker = None if self._length or self._paced else self.placement.choose(tokens, share=share)
         if worker is not None:
             self._admit(ticket, "immediate", 0.0, worker)
             return ticket
@@ -242,7 +244,8 @@ class AdmissionQueue:
             if not timed_out:
                 key = next(iter(self._keys))  # whose turn it is
                 head = self._keys[key][0]
-            worker = self.placement.choose(head.tokens, share=head.share)
+            # a paced turn waiting for room goes first: no new session takes that room before its max_wait
+            worker = self.placement.choose(head.tokens, share=head.share) if timed_out or not self._paced else None
             if worker is None and not timed_out:
                 break
             self._pop(key)

@@ -66,7 +66,8 @@ class LeasePolicy:
         self.placement = Placement(capacity, worker, admission.headroom, self.residency, self.projection, clock,
                                    distinct=admission.host_tier_capacity == "distinct",
                                    recompute_share=admission.host_tier_recompute_share,
-                                   recompute_cost=self.ttl_rule.recompute_cost_s)
+                                   recompute_cost=self.ttl_rule.recompute_cost_s,
+                                   paced_hold_s=admission.paced_turn_max_wait)
         self.gate = AdmissionGate(
             admission,
             placement=self.placement,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sidecar.engine.capacity import EngineCapacity
+from sidecar.policy.lifecycle import SessionRecord
 from sidecar.policy.projection import Projection
 from sidecar.policy.residency import Residency
 from sidecar.policy.shared_prefix import Share
@@ -60,12 +61,15 @@ class Placement:
 
     def __init__(self, capacity: EngineCapacity, worker: str, headroom: float, residency: Residency,
                  projection: Projection, clock: Callable[[], float], distinct: bool = False,
-                 recompute_share: float = 0.0, recompute_cost: Callable[[float], float] | None = None):
+                 recompute_share: float = 0.0, recompute_cost: Callable[[float], float] | None = None,
+                 paced_hold_s: float = 0.0):
         """``distinct``: the budget counts what GPU + host hold without duplicates
         (``EngineCapacity.distinct_hierarchy_tokens``) instead of their sum. ``recompute_share``:
         with a host tier, the share of engine time the KV pushed past the budget may cost as it is
-        recomputed (``recompute_cost(tokens)``: engine seconds to recompute a context of that size)."""
+        recomputed (``recompute_cost(tokens)``: engine seconds to recompute a context of that size).
+        ``paced_hold_s``: how long after its last turn a paced session still goes before new ones."""
         self.recompute_share = recompute_share
+        self.paced_hold_s = paced_hold_s
         self.recompute_cost = recompute_cost
         self.capacities: dict[str, EngineCapacity] = {worker: capacity}  # by name (its URL)
         self.placeable: set[str] = {worker}
@@ -137,10 +141,17 @@ class Placement:
         for worker, capacity in self.capacities.items():
             if worker in self.placeable:
                 _, projected, sessions = self.summary(worker, now, candidate, share)
-                paced = sum(r.paced for r in self._load(worker, now).holding_records.values())
+                paced = sum(self._holds_back(r, now) for r in self._load(worker, now).holding_records.values())
                 out.append(WorkerRoom(worker, self.budget(capacity), projected, sessions,
                                       self.overflow_tokens(worker, now), paced))
         return out
+
+    def _holds_back(self, record: SessionRecord, now: float) -> bool:
+        """A paced session new sessions wait behind: running, or within ``paced_hold_s`` of its last
+        turn (an agent in its tool loop, back in a moment). One away longer (a long tool call, or
+        gone without closing) holds nobody back: each new session would wait the door's max_wait."""
+        return record.paced and (record.running > 0 or record.turn_ended_at is None
+                                 or now - record.turn_ended_at < self.paced_hold_s)
 
     def resume(self, session_id: str, worker: str | None) -> bool:
         """A paced session's next turn has room on its ``worker``: the projection with it counted

@@ -182,8 +182,9 @@ class AdmissionSettings(BaseModel):
         ge=0,
         description="With a host tier: a session let through at max_wait without room is paced: each of its later "
         "turns waits until its remaining growth fits (then it counts as admitted) or this many seconds, and no new "
-        "session starts before it (0 = off). A paced session adds a turn at a time instead of thrashing the "
-        "admitted ones; the wait is part of that turn's time to first token.",
+        "session starts before it while it is back within this many seconds of its last turn (0 = off). A paced "
+        "session adds a turn at a time instead of thrashing the admitted ones; the wait is part of that turn's time "
+        "to first token.",
     )
     max_queue: int = Field(64, ge=0, description="Most new sessions waiting; beyond it they get 429.")
     max_wait: float = Field(

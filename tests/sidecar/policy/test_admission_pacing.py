@@ -95,6 +95,32 @@ def test_a_paced_session_runs_like_any_other_once_it_fits_and_goes_before_new_se
     assert newcomer.granted
 
 
+def test_a_paced_session_away_longer_than_the_limit_holds_no_new_session_back():
+    """An agent paced during a rush that then runs a long tool call (or leaves without closing) must
+    not make every new agent wait the door's max_wait for it once the pool has room."""
+    clock = FakeClock()
+    policy = policy_with_host_tier(clock)
+    late_session_let_in(policy, clock)
+    policy.sessions.close("big")
+    clock.advance(2.5)  # paced_turn_max_wait is 2 s: late is in a long tool call
+    assert paced(policy, "late")
+    assert request(policy, "new", 1_000, True).granted
+
+
+def test_a_new_session_that_fits_waits_behind_a_paced_turn_waiting_for_room():
+    clock = FakeClock()
+    policy = policy_with_host_tier(clock)
+    late_session_let_in(policy, clock)
+    clock.advance(2.5)
+    waiting_turn = request(policy, "late", 9_500, False)  # no room beside big's 9,000
+    assert waiting_turn.waiting
+    newcomer = request(policy, "new", 500, True)  # 500 would fit beside big, but late's turn goes first
+    assert newcomer.waiting
+    clock.advance(2.0)
+    policy.gate.pump()
+    assert waiting_turn.granted and newcomer.waiting
+
+
 def test_resuming_takes_the_budget_not_the_overflow():
     room = WorkerRoom("w", budget_tokens=10_000, projected_tokens=10_500, sessions=2, overflow_tokens=1_000)
     assert room.fits(0.0)  # a new session may take the overflow...
