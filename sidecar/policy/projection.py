@@ -110,6 +110,11 @@ class Projection:
             total = load.holding_tokens + self.growth_tokens * load.holding_turns_left
             weights = {}
             for r in load.holding_records.values():
+                if r.session_id == resuming:  # about to run; the residency counts a paced one without its growth
+                    if r.paced:
+                        total += self.growth_tokens * self.turns_left(r.turns)
+                    weights[r.session_id] = 1.0
+                    continue
                 w = weights[r.session_id] = self._idle_weight(r, now, weigh)
                 if w < 1.0:
                     total -= (1.0 - w) * (r.context_tokens + self.growth_tokens * self._turns_left(r))

@@ -121,6 +121,24 @@ def test_a_new_session_that_fits_waits_behind_a_paced_turn_waiting_for_room():
     assert waiting_turn.granted and newcomer.waiting
 
 
+@pytest.mark.parametrize("projection", ["peak", "remaining"])
+def test_a_paced_turn_asks_room_for_the_growth_it_still_adds(projection):
+    """Resuming, a paced session counts its remaining turns' growth under either projection: room for
+    its context alone would let it back into the thrash it was paced out of."""
+    clock = FakeClock()
+    policy = policy_with_host_tier(clock, expected_growth_tokens=500, host_tier_projection_turns=4,
+                                   host_tier_projection=projection)
+    assert request(policy, "big", 4_000, True).granted
+    turn(policy, clock, "big", 4_000)
+    assert request(policy, "late", 3_000, True).waiting  # 4,100 + 3 x 500 beside 3,000 + 4 x 500 passes the 10,000
+    clock.advance(5.0)
+    policy.gate.pump()
+    turn(policy, clock, "late", 3_000)
+    assert paced(policy, "late")
+    # its context alone would fit (5,600 + 3,100), with its growth it does not (+ 1,500 = 10,200)
+    assert request(policy, "late", 3_200, False).waiting
+
+
 def test_resuming_takes_the_budget_not_the_overflow():
     room = WorkerRoom("w", budget_tokens=10_000, projected_tokens=10_500, sessions=2, overflow_tokens=1_000)
     assert room.fits(0.0)  # a new session may take the overflow...
