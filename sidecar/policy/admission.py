@@ -47,8 +47,10 @@ any new session, until the session fits the budget counted at its remaining grow
 (then that turn runs and the session stays paced). While paced it counts at its context only: it
 grows a turn at a time. New sessions wait behind a paced turn waiting at the gate, and behind a paced
 session back within ``paced_turn_max_wait`` of its last turn (``Placement``); one away longer (a long
-tool call, or gone without closing) holds nobody back. Where the door never lets a session in without room (every ratio-3 run) no
-session is paced and nothing changes.
+tool call, or gone without closing) holds nobody back. Where the door never lets a session in
+without room (every ratio-3 run) no session is paced and nothing changes. Metrics:
+``sidecar_admission_paced_turns_total{outcome}``, ``sidecar_admission_paced_turn_wait_seconds``,
+``sidecar_admission_paced_turns_waiting``.
 
 Order: keys are served round-robin (a key = an API key's scope; without auth every session has the
 same one, and the queue is plain FIFO): the next session to go is the head of the key whose turn it
@@ -332,6 +334,8 @@ class AdmissionQueue:
         ticket.state = "granted"
         if self._on_room is not None and (decision is not None or ticket.paced_turn):
             self._on_room(ticket.session_id, had_room)
+        if ticket.paced_turn and self._metrics is not None:
+            self._metrics.paced_turn(had_room, 0.0 if ticket.enqueued_at is None else self._clock() - ticket.enqueued_at)
         if decision is not None:
             self._record(decision, waited)
         if ticket.on_grant is not None:

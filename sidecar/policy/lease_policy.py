@@ -91,6 +91,7 @@ class LeasePolicy:
             queue_length=lambda: self.gate.queue_length,
             resident=lambda: self.placement.summary(None, self.clock()),
             sessions=lambda: len(sessions),
+            paced_turns_waiting=lambda: self.gate.turns_waiting,
         )
         self.metrics.bind_workers(self.placement.worker_state)
 

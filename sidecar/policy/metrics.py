@@ -13,6 +13,7 @@ WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 
 LEASE_OUTCOMES = ("hit", "miss", "unused", "unleased")
 ADMISSION_DECISIONS = ("immediate", "queued", "timeout", "rejected", "cancelled")
+PACED_TURN_OUTCOMES = ("room", "timeout")
 CLOSE_REASONS = ("idle", "table_full")
 
 
@@ -79,6 +80,22 @@ class PolicyMetrics:
         self.admission_queue_length = Gauge(
             "sidecar_admission_queue_length", "New sessions waiting for admission.", registry=registry
         )
+        self.paced_turns = Counter(
+            "sidecar_admission_paced_turns",
+            "Later turns of paced sessions (let in at max_wait without room) by how they went: room = the session "
+            "fitted and is paced no more; timeout = it ran after paced_turn_max_wait without room.",
+            ["outcome"],
+            registry=registry,
+        )
+        self.paced_turn_wait = Histogram(
+            "sidecar_admission_paced_turn_wait_seconds",
+            "Seconds a paced session's later turn waited for room (part of its time to first token).",
+            buckets=WAIT_BUCKETS,
+            registry=registry,
+        )
+        self.paced_turns_waiting = Gauge(
+            "sidecar_admission_paced_turns_waiting", "Later turns of paced sessions waiting for room.", registry=registry
+        )
         self.resident_tokens = Gauge(
             "sidecar_resident_tokens", "KV tokens of sessions running or under an unexpired lease.", registry=registry
         )
@@ -98,6 +115,8 @@ class PolicyMetrics:
             self.lease_outcomes.labels(outcome)
         for decision in ADMISSION_DECISIONS:
             self.admission_decisions.labels(decision)
+        for outcome in PACED_TURN_OUTCOMES:
+            self.paced_turns.labels(outcome)
         for reason in CLOSE_REASONS:
             self.sessions_closed.labels(reason)
 
@@ -117,9 +136,11 @@ class PolicyMetrics:
         queue_length: Callable[[], float],
         resident: Callable[[], tuple[float, float, int]],
         sessions: Callable[[], float],
+        paced_turns_waiting: Callable[[], float] = lambda: 0,
     ) -> None:
         """Gauges read at scrape time; ``resident`` returns (tokens, projected tokens, sessions)."""
         self.admission_queue_length.set_function(queue_length)
+        self.paced_turns_waiting.set_function(paced_turns_waiting)
         self.resident_tokens.set_function(lambda: resident()[0])
         self.resident_projected_tokens.set_function(lambda: resident()[1])
         self.resident_sessions.set_function(lambda: resident()[2])
@@ -148,6 +169,10 @@ class PolicyMetrics:
         self.admission_decisions.labels(decision).inc()
         if waited_s is not None:
             self.admission_wait.observe(waited_s)
+
+    def paced_turn(self, had_room: bool, waited_s: float) -> None:
+        self.paced_turns.labels("room" if had_room else "timeout").inc()
+        self.paced_turn_wait.observe(waited_s)
 
     def session_closed(self, reason: str) -> None:
         self.sessions_closed.labels(reason).inc()

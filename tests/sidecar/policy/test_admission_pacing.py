@@ -13,6 +13,7 @@ import time
 
 import pytest
 from policy_helpers import FakeClock, admit, make_policy
+from prometheus_client import CollectorRegistry
 
 from sidecar.engine.capacity import EngineCapacity
 from sidecar.policy import TurnEnd
@@ -23,11 +24,11 @@ ADMISSION = {"enabled": True, "headroom": 1.0, "expected_growth_tokens": 0, "lea
              "paced_turn_max_wait": 2.0, "poll_interval": 0.5}
 
 
-def policy_with_host_tier(clock, host=True, **admission):
+def policy_with_host_tier(clock, host=True, registry=None, **admission):
     """10,000 GPU tokens, write-through to as many on host (10,000 distinct) or none; no growth:
     a session counts at its context."""
     policy = make_policy(clock=clock, capacity=10_000, policy={"mode": "fixed", "fixed_ttl": 1.0},
-                         admission={**ADMISSION, **admission})
+                         admission={**ADMISSION, **admission}, registry=registry)
     if host:
         policy.set_capacity(EngineCapacity(10_000, host_tokens=10_000, host_write_policy="write_through"))
     return policy
@@ -137,6 +138,24 @@ def test_a_paced_turn_asks_room_for_the_growth_it_still_adds(projection):
     assert paced(policy, "late")
     # its context alone would fit (5,600 + 3,100), with its growth it does not (+ 1,500 = 10,200)
     assert request(policy, "late", 3_200, False).waiting
+
+
+def test_paced_turns_are_counted_for_the_dashboard():
+    """An operator sees how many later turns wait for room and how they went (dashboard: Admission)."""
+    registry, clock = CollectorRegistry(), FakeClock()
+    policy = policy_with_host_tier(clock, registry=registry)
+    late_session_let_in(policy, clock)
+    waiting = request(policy, "late", 3_200, False)
+    assert registry.get_sample_value("sidecar_admission_paced_turns_waiting") == 1
+    clock.advance(2.0)
+    policy.gate.pump()  # ran at its limit without room
+    turn(policy, clock, "late", 3_200)
+    policy.sessions.close("big")
+    assert waiting.granted and request(policy, "late", 3_400, False).granted  # room now
+    assert registry.get_sample_value("sidecar_admission_paced_turns_total", {"outcome": "timeout"}) == 1
+    assert registry.get_sample_value("sidecar_admission_paced_turns_total", {"outcome": "room"}) == 1
+    assert registry.get_sample_value("sidecar_admission_paced_turn_wait_seconds_sum") == pytest.approx(2.0)
+    assert registry.get_sample_value("sidecar_admission_paced_turns_waiting") == 0
 
 
 def test_resuming_takes_the_budget_not_the_overflow():
