@@ -28,7 +28,7 @@ class WorkerRoom:
     projected_tokens: float  # what its resident sessions are projected to need
     sessions: int  # its resident sessions
     overflow_tokens: float = 0.0  # how far past the budget a projection may go (``host_tier_recompute_share``)
-    paced: int = 0  # its paced sessions (let in without room): they go before any new session
+    paced: int = 0  # its paced sessions that new ones wait behind (``Placement._holds_back``)
 
     @property
     def free_tokens(self) -> float:
@@ -36,8 +36,8 @@ class WorkerRoom:
 
     def fits(self, tokens: float) -> bool:
         """The gate's rule on one worker: unknown capacity or nothing resident always fits (a lone
-        session always runs, so the gate cannot deadlock), else no paced session may be waiting for
-        room there and the projection must fit the budget (+ the overflow it may take)."""
+        session always runs, so the gate cannot deadlock), else no paced session may hold new ones back
+        there and the projection must fit the budget (+ the overflow it may take)."""
         return (self.budget_tokens <= 0 or self.sessions == 0
                 or (not self.paced and self.projected_tokens + tokens <= self.budget_tokens + self.overflow_tokens))
 
@@ -141,10 +141,16 @@ class Placement:
         for worker, capacity in self.capacities.items():
             if worker in self.placeable:
                 _, projected, sessions = self.summary(worker, now, candidate, share)
-                paced = sum(self._holds_back(r, now) for r in self._load(worker, now).holding_records.values())
+                paced = self._paced_holding_back(worker, now)
                 out.append(WorkerRoom(worker, self.budget(capacity), projected, sessions,
                                       self.overflow_tokens(worker, now), paced))
         return out
+
+    def _paced_holding_back(self, worker: str, now: float) -> int:
+        """Paced sessions on ``worker`` that new sessions wait behind (none to look for with pacing off)."""
+        if self.paced_hold_s <= 0:
+            return 0
+        return sum(self._holds_back(r, now) for r in self._load(worker, now).holding_records.values())
 
     def _holds_back(self, record: SessionRecord, now: float) -> bool:
         """A paced session new sessions wait behind: running, or within ``paced_hold_s`` of its last
