@@ -167,14 +167,11 @@ def launch(argv: list[str]) -> None:
     sidecar_main()
 
 
-def _q(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(len(xs) * p))]
-
-
 def summary(path: str) -> dict[str, Any]:
     """Percentiles of the stages, GC passes by generation, loop lag and the offloaded steps, over
     the timed part (from the first loop-lag probe, after start-up)."""
+    from sidecar_tools.benchmarks.load_benchmark import pct  # here: ``launch`` imports nothing of the sidecar's first
+
     d = json.load(open(path))
     since = d["loop_lag_ms"][0][0] if d["loop_lag_ms"] else 0.0
     out: dict[str, Any] = {"sidecar": d["sidecar"], "gc_threshold": d["gc_threshold"]}
@@ -184,7 +181,7 @@ def summary(path: str) -> dict[str, Any]:
     for name, a, b in STAGES:
         xs = [_sidecar_total(t) * 1000 if a is None else (t[b] - t[a]) * 1000 for t in turns]
         if xs:
-            stages[name] = {"p50": round(_q(xs, 0.5), 2), "p90": round(_q(xs, 0.9), 2), "p99": round(_q(xs, 0.99), 2),
+            stages[name] = {"p50": round(pct(xs, 50), 2), "p90": round(pct(xs, 90), 2), "p99": round(pct(xs, 99), 2),
                             "max": round(max(xs), 2)}
     out["turns"] = len(turns)
     out["stages_ms"] = stages
@@ -197,12 +194,12 @@ def summary(path: str) -> dict[str, Any]:
                         for k, v in sorted(passes.items())}
     lag = [ms for _, ms in d["loop_lag_ms"]]
     if lag:
-        out["loop_lag_ms"] = {"p50": _q(lag, 0.5), "p90": _q(lag, 0.9), "p99": _q(lag, 0.99), "max": max(lag)}
+        out["loop_lag_ms"] = {"p50": pct(lag, 50), "p90": pct(lag, 90), "p99": pct(lag, 99), "max": max(lag)}
     off = d["offloaded"]
     out["offloaded"] = {"n": len(off), "by_step": dict(Counter(name for _, name, _, _ in off))}
     if off:
         walls = [ms for _, _, _, ms in off]
-        out["offloaded"]["wall_ms"] = {"p50": round(_q(walls, 0.5), 1), "p90": round(_q(walls, 0.9), 1), "max": round(max(walls), 1)}
+        out["offloaded"]["wall_ms"] = {"p50": round(pct(walls, 50), 1), "p90": round(pct(walls, 90), 1), "max": round(max(walls), 1)}
     return out
 
 
