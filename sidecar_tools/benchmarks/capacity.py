@@ -29,7 +29,6 @@ import io
 import json
 import math
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +44,7 @@ from sidecar_tools.benchmarks.capacity_slo import (
 )
 from sidecar_tools.benchmarks.open_loop import DEFAULT_REAL_TRACES, DISTRIBUTIONS, RecordedPool, open_loop_trace
 from sidecar_tools.benchmarks.records import TurnRecord
+from sidecar_tools.benchmarks.sidecar_at_commit import commit_of
 from sidecar_tools.benchmarks.traces import Trace
 
 KV_TOKENS = 173_200
@@ -213,15 +213,6 @@ def result_name(config: str, dist: str, ratio: float) -> str:
     return f"capacity-{config}-{dist}-r{ratio:g}"
 
 
-def _git_commit() -> str | None:
-    try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=Path(__file__).resolve().parent)
-        return done.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def result_dict(points: list[dict[str, Any]], slo: SLO, window: Window, *, config: str, dist: str, ratio: float,
                 source: str, seed: int, engine: list[str], sidecar: list[str], command: str,
                 search: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -240,7 +231,7 @@ def result_dict(points: list[dict[str, Any]], slo: SLO, window: Window, *, confi
         "deployment": {"about": CONFIGS[config].about if config in CONFIGS else None,
                        "sglang_flags": engine, "sidecar_flags": sidecar,
                        "simulate_flags": simulate_flags(engine, sidecar) if source == "simulator" else None},
-        "command": command, "git_commit": _git_commit(),
+        "command": command, "git_commit": commit_of(Path(__file__).resolve().parent),
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     if search is not None:

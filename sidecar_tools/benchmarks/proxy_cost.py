@@ -29,7 +29,6 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +39,7 @@ from typing import Any
 import click
 
 from sidecar_tools.benchmarks.load_benchmark import PROXIES, LoadConfig, build_workload, machine_info, run_phase
+from sidecar_tools.benchmarks.sidecar_at_commit import commit_of
 
 SIDECAR_ARGS = ("--session-idle-grace=3600",)  # idle sessions stay open for the whole phase
 BEFORE = "before"  # the sidecar of another checkout (--before), run as the load test's sidecar mode
@@ -180,11 +180,6 @@ def plot(result: dict[str, Any], path: Path) -> bool:
     return True
 
 
-def _commit(path: str) -> str | None:
-    done = subprocess.run(["git", "-C", path, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip() or None
-
-
 async def _phase(cfg: LoadConfig, work: Any, proxy: str, tokenizer_dir: str, before: str | None, log) -> dict[str, Any]:
     """One load-test phase through ``proxy``; ``before`` runs the load test's sidecar mode with the
     other checkout's sidecar launched in its place."""
@@ -208,7 +203,7 @@ async def run(out: Path, scen: list[tuple[str, LoadConfig]], reps: int, proxies:
     result: dict[str, Any] = {"command": command, "machine": machine_info(), "load_before": _load(), "runs": [],
                               "scenarios": {name: asdict(cfg) for name, cfg in scen}}
     if before is not None:
-        result["before"] = {"path": str(before), "commit": _commit(before)}
+        result["before"] = {"path": str(before), "commit": commit_of(before)}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="proxy-cost-tok-") as tmp:
         tokenizer_dir = str(build_qwen3_tokenizer(Path(tmp)))

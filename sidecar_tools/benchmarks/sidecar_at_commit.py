@@ -11,16 +11,32 @@ The worktree's ``sidecar`` package goes first on ``sys.path``; flags the older C
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 FLAGS_WITH_VALUE_IT_MAY_LACK = ("--model-name",)
 
 
-def main() -> None:
-    worktree, *argv = sys.argv[1:]
+def use_checkout(worktree: str) -> None:
+    """Import ``sidecar`` from ``worktree`` from now on: its package first on ``sys.path``, and this
+    repo's modules forgotten if anything imported them."""
     sys.path.insert(0, worktree)
     for name in [m for m in sys.modules if m == "sidecar" or m.startswith("sidecar.")]:
-        del sys.modules[name]  # this repo's, if anything imported it
+        del sys.modules[name]
+
+
+def commit_of(path: str) -> str | None:
+    """The commit the checkout at ``path`` is at (None: not a git checkout, or no git)."""
+    try:
+        done = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
+
+
+def main() -> None:
+    worktree, *argv = sys.argv[1:]
+    use_checkout(worktree)
     from sidecar.cli import main as sidecar_main
 
     serve = getattr(sidecar_main, "commands", {}).get("serve")

@@ -29,6 +29,8 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
+from sidecar_tools.benchmarks.sidecar_at_commit import use_checkout
+
 STAGES = (("body read + parse", "route", "entered"), ("turn prepared", "entered", "prepared"),
           ("to the engine", "prepared", "engine"), ("first write", "first_batch", "written"),
           ("sidecar total", None, None))
@@ -157,9 +159,7 @@ def launch(argv: list[str]) -> None:
     checkout = None
     if rest[:1] == ["--checkout"]:
         checkout, rest = rest[1], rest[2:]
-    sys.path.insert(0, checkout or os.getcwd())
-    for name in [m for m in sys.modules if m == "sidecar" or m.startswith("sidecar.")]:
-        del sys.modules[name]
+    use_checkout(checkout or os.getcwd())
     _install(out_dir)
     sys.argv = ["sidecar", *rest]
     from sidecar.cli import main as sidecar_main
