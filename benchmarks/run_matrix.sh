@@ -44,6 +44,9 @@
 #   CONTEXT_LENGTH=65536  every run's SGLang gets this --context-length (one engine for the reference
 #     and the real traces, as the runs had; unset: only the real traces get 65536)
 #   EXTRA_SGLANG_ARGS="..."  appended to every SGLang start;  PORT=30000  SIDECAR_PORT=8000
+#   DEADLINE=<epoch seconds>  when the machine goes (a session's device time): a run ends by then, 30 s
+#     early, with what it has (its JSON says timed_out); a run that would get less than MIN_RUN_S (60) is
+#     skipped. Unset: TIME_LIMIT alone.
 set -uo pipefail
 
 OUT=${1:?usage: run_matrix.sh OUT_DIR [RUN ...]}; shift
@@ -99,6 +102,15 @@ PY
 
 plugin_installed() {  # SGLang finds plugins through the sglang.srt.plugins entry point
   python3 -c 'import importlib.metadata as m, sys; sys.exit(not any(e.name == "session_ttl" for e in m.entry_points(group="sglang.srt.plugins")))'
+}
+
+run_limit() {  # seconds the next run may take: TIME_LIMIT, or less to end 30 s before DEADLINE (fails under MIN_RUN_S)
+  local limit=$TIME_LIMIT
+  if [ -n "${DEADLINE:-}" ]; then
+    local left=$((DEADLINE - $(date +%s) - 30))
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
+  [ "$limit" -ge "${MIN_RUN_S:-60}" ] && echo "$limit"
 }
 
 ENGINE_FLAGS_UP=  # the flags the running SGLang was started with
@@ -160,9 +172,12 @@ for spec in $RUNS; do
   log "run $name"
   log_from=$(($(wc -l <"/tmp/sglang-$PORT.log" 2>/dev/null || echo 0) + 1))
   gap_flags=(); [ -n "$gap" ] && gap_flags=(--tool-wait "$gap")  # real traces: recorded gaps
-  run timeout $((TIME_LIMIT + 120)) python3 -m sidecar_tools.benchmarks.replay --mode openai \
+  limit=$(run_limit) || { log "no time left before DEADLINE for $name; skipped"; stop_sidecar; continue; }
+  grace=120; [ -n "${DEADLINE:-}" ] && grace=20  # a replay past its limit cancels its turns and writes its JSON
+  [ "$limit" -lt "$TIME_LIMIT" ] && log "$name gets $limit s (DEADLINE)"
+  run timeout $((limit + grace)) python3 -m sidecar_tools.benchmarks.replay --mode openai \
     --url "http://127.0.0.1:$SIDECAR_PORT" --engine-url "$ENGINE" --tokenizer "$TOK_DIR" \
-    --trace "$trace" "${gap_flags[@]}" --time-limit "$TIME_LIMIT" --close-sessions --flush-cache \
+    --trace "$trace" "${gap_flags[@]}" --time-limit "$limit" --close-sessions --flush-cache \
     --salt "$name" --name "$name" --out "$OUT" 2>&1 | tee -a "$OUT/logs/matrix.log"
   # this run's part of SGLang's log, and the engine timeline made from it
   tail -n "+$log_from" "/tmp/sglang-$PORT.log" >"$OUT/logs/sglang-run-$name.log" 2>/dev/null

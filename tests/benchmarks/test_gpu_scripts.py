@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -39,8 +40,8 @@ def test_both_gpu_scripts_take_the_sidecar_steps_from_the_library():
         assert not re.search(r"^(start_sidecar|stop_sidecar|stop_engine|run|log)\(\)", text, re.M), name
 
 
-_FAKE_PYTHON = """#!/usr/bin/env bash
-# python3 stand-in: `python3 -m sidecar serve ...` answers /health on SIDECAR_PORT (or fails with FAIL=1)
+_SIDECAR_STAND_IN = """
+# `python3 -m sidecar serve ...` answers /health on SIDECAR_PORT (or fails with FAIL=1)
 if [ "$1 $2 $3" = "-m sidecar serve" ]; then
   [ -n "${FAIL:-}" ] && { echo "sidecar refused to start"; exit 1; }
   exec {python} -c '
@@ -51,8 +52,8 @@ class Health(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args): pass
 http.server.HTTPServer(("127.0.0.1", int(os.environ["SIDECAR_PORT"])), Health).serve_forever()'
 fi
-exec {python} "$@"
 """
+_FAKE_PYTHON = "#!/usr/bin/env bash" + _SIDECAR_STAND_IN + 'exec {python} "$@"\n'
 
 _SESSION = """
 set -uo pipefail
@@ -93,3 +94,49 @@ def test_the_library_starts_records_and_stops_a_sidecar_and_gives_up_on_one_that
     )
     assert "sidecar did not come up" in (out / "logs" / "bench.log").read_text()
     assert "sidecar refused to start" in (out / "logs" / "sidecar-second.log").read_text()
+
+
+# python3 stand-in for run_matrix.sh: a sidecar that answers /health, the replay recorded to $REPLAYS (not
+# run), everything else real Python
+_RECORDING_PYTHON = ("#!/usr/bin/env bash" + _SIDECAR_STAND_IN
+                     + 'if [ "$1 $2" = "-m sidecar_tools.benchmarks.replay" ]; then echo "$@" >>"$REPLAYS"; exit 0; fi\n'
+                     + 'exec {python} "$@"\n')
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="the scripts wait for /health with curl")
+def test_matrix_runs_end_before_the_device_deadline_and_skip_when_too_little_is_left(tmp_path):
+    """DEADLINE (when the GPU machine goes): a run's --time-limit shrinks to end 30 s before it, so the
+    replay writes what it has; a run that would get under a minute is not started."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"
+    fake.write_text(_RECORDING_PYTHON.replace("{python}", sys.executable))
+    fake.chmod(0o755)
+    serve = tmp_path / "serve.sh"
+    serve.write_text("exit 0\n")  # an engine that is up at once
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text("{}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def matrix(out: Path, seconds_left: int) -> tuple[list[str], str]:
+        replays = tmp_path / f"replays-{seconds_left}.txt"
+        env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SIDECAR_PORT": str(port),
+               "PORT": f"matrix-test-{port}", "SERVE": str(serve), "TOK_DIR": str(tok), "TIME_LIMIT": "300",
+               "DEADLINE": str(int(time.time()) + seconds_left), "REPLAYS": str(replays)}
+        done = subprocess.run(["bash", str(REPO / "benchmarks" / "run_matrix.sh"), str(out), "hicache-0.5s",
+                               "product-5s"], capture_output=True, text=True, env=env, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        lines = replays.read_text().splitlines() if replays.exists() else []
+        return lines, (out / "logs" / "matrix.log").read_text()
+
+    replays, _ = matrix(tmp_path / "roomy", 200)
+    limits = [int(re.search(r"--time-limit (\d+)", line).group(1)) for line in replays]
+    assert len(limits) == 2 and all(150 <= limit <= 170 for limit in limits), replays
+
+    replays, log = matrix(tmp_path / "short", 80)
+    assert replays == []
+    assert "no time left before DEADLINE for hicache-0.5s; skipped" in log
+    assert "no time left before DEADLINE for product-5s; skipped" in log
