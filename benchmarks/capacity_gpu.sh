@@ -21,6 +21,8 @@
 #   ENGINE_FLAGS="..." / SIDECAR_FLAGS="..."         replace the configuration's own flags (as --engine-flags)
 #   EXTRA_SGLANG_ARGS="..."                          appended to the SGLang start only
 #   SOURCE=gpu  recorded as the results' source (default: sim-serve when SERVE is benchmarks/sim_serve.sh)
+#   DEADLINE=<epoch seconds>  when the lent machine goes: a rate whose run could end later (its last arrival
+#     + the drain, 30 s before DEADLINE) is skipped, not cut into a point that reads as a missed SLO
 set -uo pipefail
 
 OUT=${1:?usage: capacity_gpu.sh OUT_DIR CONFIG DIST RATIO RATE [RATE ...]}
@@ -44,6 +46,7 @@ SOURCE=${SOURCE:-$(case $SERVE in *sim_serve.sh) echo sim-serve ;; *) echo gpu ;
 OVERRIDES=()
 [ -n "${ENGINE_FLAGS+x}" ] && OVERRIDES+=(--engine-flags "$ENGINE_FLAGS")
 [ -n "${SIDECAR_FLAGS+x}" ] && OVERRIDES+=(--sidecar-flags "$SIDECAR_FLAGS")
+NOT_AFTER=(); [ -n "${DEADLINE:-}" ] && NOT_AFTER=(--not-after $((DEADLINE - 30)))
 
 # shellcheck source=lib/sidecar.sh
 source "$REPO/benchmarks/lib/sidecar.sh"
@@ -70,7 +73,7 @@ for rate in "${RATES[@]}"; do
   log "$NAME: rate $rate/min"
   start_sidecar "$NAME-at-$rate" "${SIDECAR_ARGS[@]}" || { status=1; continue; }
   run python3 -m sidecar_tools.benchmarks.capacity run --config "$CONFIG" --dist "$DIST" --hicache-ratio "$RATIO" \
-    "${OVERRIDES[@]}" "${CAPACITY_ARGS[@]}" --rate "$rate" --url "$SIDECAR" --engine-url "$ENGINE" \
+    "${OVERRIDES[@]}" "${CAPACITY_ARGS[@]}" "${NOT_AFTER[@]}" --rate "$rate" --url "$SIDECAR" --engine-url "$ENGINE" \
     --tokenizer "$TOK_DIR" --source "$SOURCE" --out "$OUT" 2>&1 | tee -a "$OUT/logs/capacity.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   curl -s "$SIDECAR/metrics" >"$OUT/logs/sidecar-metrics-$NAME-at-$rate.txt"

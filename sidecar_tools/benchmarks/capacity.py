@@ -443,10 +443,13 @@ def search_cmd(ctx: click.Context, start: float, tolerance: float, factor: float
                    "e.g. sim-serve for a dry run against the simulator's HTTP server).")
 @click.option("--save-runs/--no-save-runs", default=None,
               help="Also save each rate's run JSON + per-turn CSV (default: with --url).")
+@click.option("--not-after", type=float, default=None, metavar="EPOCH_S",
+              help="--url: skip a rate whose run could end after this time (its last arrival + the drain): on a "
+                   "lent GPU, a point cut when the machine goes would read as a missed SLO.")
 @click.pass_context
 def run_cmd(ctx: click.Context, rates: tuple[float, ...], url: str | None, engine_url: str | None, mode: str,
             tokenizer: str | None, request_timeout: float, source_label: str | None, save_runs: bool | None,
-            **kw: Any) -> None:
+            not_after: float | None, **kw: Any) -> None:
     """Given rates, in the simulator or against --url; points merge into capacity-CONFIG-DIST-rR.json."""
     from sidecar_tools.benchmarks.records import save_run
     from sidecar_tools.progress import progress_bar
@@ -466,6 +469,10 @@ def run_cmd(ctx: click.Context, rates: tuple[float, ...], url: str | None, engin
         if not rate > 0:
             raise click.BadParameter(f"rates must be > 0, got {rate:g}", param_hint="--rate")
         trace = _trace(setup, rate)
+        if url and not_after is not None and time.time() + _limit(setup, trace) > not_after:
+            click.echo(f"{name}: λ {rate:g}/min skipped: its run could take {_limit(setup, trace):.0f} s, "
+                       f"past --not-after", err=True)
+            continue
         t0 = time.monotonic()
         salt = f"{name}-{rate:g}-{int(time.time())}" if url else ""
         if url:
@@ -486,6 +493,9 @@ def run_cmd(ctx: click.Context, rates: tuple[float, ...], url: str | None, engin
             save_run(setup.out, run_name, run, records)
         points.append(point.to_dict())
         click.echo(f"{name} ({source}): {describe(point)}")
+    if not points:
+        click.echo(f"{name}: no rate run; {setup.out} left as it was")
+        return
     setup.out.mkdir(parents=True, exist_ok=True)
     path = setup.out / f"{name}.json"
     merged = merge_points(path, points, setup.slo, setup.window, setup.seed, source)

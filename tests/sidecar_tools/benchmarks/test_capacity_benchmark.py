@@ -4,6 +4,7 @@ search for the largest rate meeting it, and the capacity JSON (simulator and URL
 from __future__ import annotations
 
 import json
+import time
 import math
 
 import numpy as np
@@ -293,3 +294,20 @@ def test_run_against_a_url_uses_the_same_driver_and_merges_points(tmp_path, sgla
             for r in ("40", "90"))  # every arrival its own session at the engine, salted per run
     res = CliRunner().invoke(capacity, [*args, "--rate", "40", "--seed", "3"])
     assert res.exit_code != 0 and "another SLO, window, seed or source" in res.output
+
+
+def test_a_rate_that_could_outlast_the_lent_machine_is_skipped_not_cut(tmp_path, sglang_double_thread):
+    """--not-after (the GPU session's end): a rate whose run could end after it is not started, so no
+    point cut short reads as a missed SLO; the ones that fit run and merge as usual."""
+    pool = _tiny_trace(tmp_path / "pool.jsonl", "p", 3, rounds=2, gap=0.05)
+    out = tmp_path / "out"
+    args = ["run", "--config", "product", "--dist", "traces", "--hicache-ratio", "1", "--trace-file", str(pool), *TINY,
+            "--url", sglang_double_thread.url, "--mode", "generate", "--out", str(out), "--rate", "40"]
+    res = CliRunner().invoke(capacity, [*args, "--not-after", str(time.time() + 1)])
+    assert res.exit_code == 0, res.output
+    assert "λ 40/min skipped" in res.output and "no rate run" in res.output
+    assert not out.exists() and sglang_double_thread.requests == []
+    res = CliRunner().invoke(capacity, [*args, "--not-after", str(time.time() + 3600)])
+    assert res.exit_code == 0, res.output
+    result = json.loads((out / "capacity-product-traces-r1.json").read_text())
+    assert [p["rate_per_min"] for p in result["points"]] == [40]
