@@ -36,11 +36,12 @@ from sidecar_tools.simulator.costmodel import load_calibration
 DT = 0.02
 
 
-def analyse(run_path: Path, caps: list[int]) -> dict:
+def load_run(run_path: Path):
+    """A capacity run's JSON and turn records: (run, records, dist, window, shared prompt tokens, the
+    sessions' turns in arrival order); shed_oracle.py reads runs the same way."""
     run = json.loads(run_path.read_text())
     records = read_turns_csv(run_path.with_name(run_path.stem + "-turns.csv"))
     dist = "reference" if "-reference-" in run_path.name else "traces"
-    window = DEFAULT_WINDOWS[dist]
     trace = run.get("trace") or {}
     shared = int(trace.get("shared_prefix_tokens", (trace.get("stats") or {}).get("shared_prefix_tokens", 0)))
     by_session: dict[str, list] = {}
@@ -49,6 +50,11 @@ def analyse(run_path: Path, caps: list[int]) -> dict:
     sessions = sorted(by_session.values(), key=lambda rs: min(x.send_s for x in rs))
     for rs in sessions:
         rs.sort(key=lambda x: x.turn)
+    return run, records, dist, DEFAULT_WINDOWS[dist], shared, sessions
+
+
+def analyse(run_path: Path, caps: list[int]) -> dict:
+    run, records, dist, window, shared, sessions = load_run(run_path)
     arrivals = [rs[0].send_s for rs in sessions]
     t0, t1 = arrivals[window.warmup], arrivals[min(window.warmup + window.measure, len(arrivals) - 1)]
     end = max((r.end_s or r.send_s) for r in records)

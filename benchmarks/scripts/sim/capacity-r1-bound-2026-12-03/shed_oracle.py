@@ -27,27 +27,17 @@ from pathlib import Path
 
 import numpy as np
 
-from sidecar_tools.benchmarks.capacity_slo import DEFAULT_WINDOWS, SLO, percentile
-from sidecar_tools.benchmarks.records import read_turns_csv
+from sidecar_tools.benchmarks.capacity_slo import SLO, percentile
 from sidecar_tools.simulator.costmodel import load_calibration
+
+from kv_demand import load_run  # this folder's: the same run reading
 
 DT = 0.05
 
 
 def oracle(run_path: Path, cap: int, order: str, budget: float) -> dict:
-    run = json.loads(run_path.read_text())
-    records = read_turns_csv(run_path.with_name(run_path.stem + "-turns.csv"))
-    dist = "reference" if "-reference-" in run_path.name else "traces"
-    window = DEFAULT_WINDOWS[dist]
-    trace = run.get("trace") or {}
-    shared = int(trace.get("shared_prefix_tokens", (trace.get("stats") or {}).get("shared_prefix_tokens", 0)))
+    run, records, dist, window, shared, sessions = load_run(run_path)
     cost = load_calibration()[0]
-    by: dict[str, list] = {}
-    for r in records:
-        by.setdefault(r.session, []).append(r)
-    sessions = sorted(by.values(), key=lambda rs: min(x.send_s for x in rs))
-    for rs in sessions:
-        rs.sort(key=lambda x: x.turn)
     measured = {rs[0].session for i, rs in enumerate(sessions) if window.measured(i)}
     end = max(r.end_s for r in records if r.end_s)
     n = len(sessions)
