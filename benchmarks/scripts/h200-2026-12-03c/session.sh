@@ -4,6 +4,7 @@
 # (48 agents x 16 turns) and the TraceLab x7 trace, both at host ratio 1. Stock runs first on one engine,
 # then the product's on one engine (two engine starts); --context-length 65536 for every run.
 #   bash benchmarks/gpu_session.sh setup && setsid bash benchmarks/scripts/h200-2026-12-03c/session.sh OUT &
+# RUNS="..." replaces the four runs; DEADLINE=<epoch s> (run_matrix.sh's) ends the last run before the machine goes.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
 OUT=${1:?out dir}
