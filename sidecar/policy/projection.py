@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from sidecar.policy.lifecycle import SessionRecord
-from sidecar.policy.residency import Load
+from sidecar.policy.residency import Load, growth_turns
 from sidecar.policy.settings import AdmissionSettings
 from sidecar.policy.shared_prefix import Share
 
@@ -186,11 +186,11 @@ class Projection:
         return tokens
 
     def _turns_left(self, record: SessionRecord, resuming: str | None = None) -> float:
-        """The turns of growth still projected for a holding session: none while it is paced
-        (unless it is the one ``resuming``)."""
-        if record.paced and record.session_id != resuming:
-            return 0.0
-        return self.turns_left(record.turns)
+        """The turns of growth still projected for a holding session (``growth_turns``); the paced
+        one ``resuming`` is counted as if it ran on, with all its turns left."""
+        if record.session_id == resuming:
+            return self.turns_left(record.turns)
+        return growth_turns(record, self.turns_left)
 
     def _idle_weight(self, record: SessionRecord, now: float, weigh: bool) -> float:
         """1, or a session's duty cycle while it is between turns (``weigh``)."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import ChainMap
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 
 from sidecar.policy.lifecycle import SessionRecord
@@ -68,6 +68,13 @@ class Load:
 
 # what one record adds: (worker, running, leased, holding, tokens, turns left)
 _Contribution = tuple[str | None, bool, bool, bool, int, float]
+
+
+def growth_turns(record: SessionRecord, turns_left: Callable[[int], float]) -> float:
+    """The turns of growth still counted for a holding session: ``turns_left(turns taken)``, or none
+    while it is paced (it grows only as the gate lets its turns through). The residency's counters
+    and the gate's projection both count by this."""
+    return 0.0 if record.paced else turns_left(record.turns)
 
 
 class Residency:
@@ -158,7 +165,7 @@ class Residency:
         running = r.running > 0
         leased = r.lease_expires_at is not None and now < r.lease_expires_at
         holding = running or leased or r.holds_kv()
-        turns_left = self.turns_left(r.turns) if holding and not r.paced else 0.0
+        turns_left = growth_turns(r, self.turns_left) if holding else 0.0
         return (r.worker, running, leased, holding, r.context_tokens, turns_left)
 
     def _apply(self, record: SessionRecord, c: _Contribution, sign: int) -> None:
