@@ -469,19 +469,19 @@ def run_cmd(ctx: click.Context, rates: tuple[float, ...], url: str | None, engin
         if not rate > 0:
             raise click.BadParameter(f"rates must be > 0, got {rate:g}", param_hint="--rate")
         trace = _trace(setup, rate)
-        if url and not_after is not None and time.time() + _limit(setup, trace) > not_after:
-            click.echo(f"{name}: λ {rate:g}/min skipped: its run could take {_limit(setup, trace):.0f} s, "
-                       f"past --not-after", err=True)
+        limit = _limit(setup, trace)
+        if url and not_after is not None and time.time() + limit > not_after:
+            click.echo(f"{name}: λ {rate:g}/min skipped: its run could take {limit:.0f} s, past --not-after", err=True)
             continue
         t0 = time.monotonic()
         salt = f"{name}-{rate:g}-{int(time.time())}" if url else ""
         if url:
             with progress_bar(sum(len(s.rounds) for s in trace.sessions), f"{name} λ {rate:g}") as bar:
-                run, records = url_run(trace, url, engine_url, mode, tokenizer, _limit(setup, trace), salt,
+                run, records = url_run(trace, url, engine_url, mode, tokenizer, limit, salt,
                                        request_timeout, on_turn=lambda rec: bar.update())
         else:
             try:
-                run, records = simulate_run(trace, flags, _limit(setup, trace))
+                run, records = simulate_run(trace, flags, limit)
             except click.ClickException as exc:
                 raise click.ClickException(f"λ {rate:g}/min: {exc.message}") from None
         point = point_from_run(run, records, trace, rate, setup.window, setup.slo, salt=salt, engine=source,
