@@ -51,11 +51,15 @@ def _sessions_by_worker(sims: dict[str, SGLangStandIn]) -> dict[str, set[str]]:
 
 
 def _served_turns(sim: SGLangStandIn) -> Counter:
-    """How many requests of each session this worker finished (not counting requests aborted there:
-    smg's own retry of a request in flight on the killed worker may land anywhere; the sidecar stops it)."""
+    """How many requests of each session this worker finished for the sidecar. A request the sidecar
+    sent /abort_request for is not one, even when it finished before the abort arrived: smg's own
+    retry of a request in flight on the killed worker may land anywhere, and the sidecar stops it and
+    discards what it answered."""
     session_of = {r["rid"]: r["session_id"] for r in sim.generate_requests() if isinstance(r, dict)}
-    return Counter(session_of[res["meta_info"]["id"]] for res in sim.results
-                   if (res["meta_info"].get("finish_reason") or {}).get("type") != "abort" and res["meta_info"]["id"] in session_of)
+    aborted = {str(body.get("rid")) for body in sim.aborts if isinstance(body, dict)}
+    return Counter(session_of[rid] for res in sim.results
+                   if (rid := res["meta_info"]["id"]) in session_of and rid not in aborted
+                   and (res["meta_info"].get("finish_reason") or {}).get("type") != "abort")
 
 
 def _served_sessions_by_worker(sims: dict[str, SGLangStandIn]) -> dict[str, set[str]]:
