@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, AsyncIterator
 
 import aiohttp
@@ -121,7 +121,7 @@ class EngineClient:
         self,
         payload: dict[str, Any],
         headers: dict[str, str] | None = None,
-        on_response: Callable[[Mapping[str, str]], None] | None = None,
+        on_response: Callable[[Mapping[str, str]], Awaitable[None]] | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Every chunk of :meth:`generate_batches` (none left unparsed), a chunk at a time."""
         async for batch in self.generate_batches(payload, headers, on_response, every=True):
@@ -132,7 +132,7 @@ class EngineClient:
         self,
         payload: dict[str, Any],
         headers: dict[str, str] | None = None,
-        on_response: Callable[[Mapping[str, str]], None] | None = None,
+        on_response: Callable[[Mapping[str, str]], Awaitable[None]] | None = None,
         every: bool = False,
     ) -> AsyncIterator[list[dict[str, Any]]]:
         """Yield SGLang's stream chunks (cumulative output_ids + meta_info) as they arrive, as
@@ -142,7 +142,7 @@ class EngineClient:
         (``_read_lines``).
         ``headers`` are added (smg's target-worker header, when the request goes through smg).
         ``on_response`` sees the response headers before any chunk is read (smg names the worker
-        that took the request there); what it raises ends the stream.
+        that took the request there: a coroutine function, so it can ask smg more); what it raises ends the stream.
 
         Past ``request_timeout`` it raises engine_timeout; SGLang may still be generating then.
         An error event raises its APIError after the chunks before it were yielded.
@@ -156,7 +156,7 @@ class EngineClient:
         done = False
         try:
             if on_response is not None:
-                on_response(resp.headers)
+                await on_response(resp.headers)
             splitter = _LineSplitter()
             lines = splitter.feed
             async for data in resp.content.iter_any():

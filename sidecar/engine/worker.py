@@ -13,6 +13,7 @@ them, and keeps placement told which workers take new sessions).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -132,10 +133,13 @@ class WorkerRoute:
     the request. A failure that means the worker is gone marks it down.
 
     Through smg the route checks, before reading any output, which worker smg says took the
-    request: another one means smg's available set shifted under the index since the last
-    listing, so the request is aborted there, the listing re-read and the request sent once more.
-    Should it land elsewhere again, it is served there and ``served_by`` names that worker: the
-    session's KV is there now, and the turn core moves it and counts the recompute."""
+    request, and when it is another one re-reads smg's listing. If the session's worker is no
+    longer listed healthy, smg failed the request over to a live worker: it is served there (the
+    worker is marked down; nothing is aborted, the client sees no error). If it still is, smg's
+    available set shifted under the index since the last listing: the request is aborted there
+    and sent once more. Should it land elsewhere again, it is served there. Either way
+    ``served_by`` names that worker: the session's KV is there now, and the turn core moves it
+    and counts the recompute."""
 
     def __init__(self, worker: Worker):
         self.worker = worker
@@ -157,10 +161,10 @@ class WorkerRoute:
         received = False
         for attempt in range(2):
             last = attempt == 1
+            sent_with = gateway.listing
+            check_routed = functools.partial(self._check_routed, gateway, accept=last)
             try:
-                async for batch in gateway.client.generate_batches(
-                    payload, gateway.headers_for(worker.url), lambda headers: self._check_routed(headers, last)
-                ):
+                async for batch in gateway.client.generate_batches(payload, gateway.headers_for(worker.url), check_routed):
                     received = True
                     yield batch
                 return
@@ -170,9 +174,7 @@ class WorkerRoute:
                 other = gateway.worker_at(elsewhere.url)
                 if other is not None:
                     await other.client.abort(payload["rid"])
-                before = gateway.listing
-                await self._reread_listing(gateway, "smg routed its request elsewhere")
-                if gateway.listing == before:
+                if gateway.listing == sent_with:
                     gateway.warn_unlisted_shift()
                 # a new rid: the aborted one may still be known where it landed
                 payload = {**payload, "rid": self._resent_rid(payload["rid"])}
@@ -190,20 +192,30 @@ class WorkerRoute:
         self._rids[rid] = resent
         return resent
 
-    def _check_routed(self, headers: Any, accept: bool) -> None:
+    async def _check_routed(self, gateway: SmgGateway, headers: Any, *, accept: bool) -> None:
+        """Which worker took the request: another one is kept when smg failed the request over
+        from a worker it no longer lists (or on the last attempt); else ServedElsewhere."""
         served = (headers.get(ROUTED_WORKER_HEADER) or "").rstrip("/")
         if not served or served == self.worker.url:
             return
         if not accept:
-            raise ServedElsewhere(served)
+            await self._read_listing(gateway)
+            if target_index(gateway.listing, self.worker.url) is not None:
+                raise ServedElsewhere(served)
+            self.worker.mark_down(f"smg failed its request over to {served}")
         self.served_by = served
 
-    async def _reread_listing(self, gateway: SmgGateway, why: str, err: APIError | None = None) -> None:
-        """smg's listing again; if it no longer has the worker healthy, the worker is down."""
+    @staticmethod
+    async def _read_listing(gateway: SmgGateway) -> None:
+        """smg's listing again (the last one stays when smg does not answer)."""
         try:
             await gateway.read_listing()
         except APIError:
             pass
+
+    async def _reread_listing(self, gateway: SmgGateway, why: str, err: APIError | None = None) -> None:
+        """smg's listing again; if it no longer has the worker healthy, the worker is down."""
+        await self._read_listing(gateway)
         if target_index(gateway.listing, self.worker.url) is None:
             self.worker.mark_down(why)
             raise err or engine_unavailable(f"smg lists no healthy worker at {self.worker.url}")

@@ -3,8 +3,10 @@
 A gateway stand-in in front of two simulated workers answers like smg 1.13 (the target header is
 an index into its available workers, the answer names the worker), except that a test can make
 its index point elsewhere, as happens in the moment after smg's available set changed and before
-the sidecar re-read the listing. A request sent elsewhere once is stopped there before any output
-and sent again; one that keeps landing elsewhere is served there and the session moves, counted.
+the sidecar re-read the listing, or fail a request over from a worker that died. A request sent
+elsewhere once is stopped there before any output and sent again; one that keeps landing elsewhere is
+served there and the session moves, counted; one smg failed over from a worker it no longer lists is
+served where it landed, with no error and nothing stopped.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class ShiftingGateway:
         self.urls = urls
         self.shift = 0  # how many of the next requests smg sends to the wrong worker
         self.always_shift = False
+        self.fail_over_from: str | None = None  # a worker that dies at its next request: smg fails it over
+        self.down: set[str] = set()  # listed unhealthy
         self.listings = 0
         self.runner: web.AppRunner | None = None
 
@@ -48,7 +52,7 @@ class ShiftingGateway:
 
     async def _workers(self, request: web.Request) -> web.Response:
         self.listings += 1
-        return web.json_response({"workers": [{"url": u, "is_healthy": True} for u in self.urls]})
+        return web.json_response({"workers": [{"url": u, "is_healthy": u not in self.down} for u in self.urls]})
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         index = int(request.headers[TARGET_WORKER_HEADER])
@@ -56,6 +60,9 @@ class ShiftingGateway:
             self.shift = max(self.shift - 1, 0)
             index = (index + 1) % len(self.urls)
         url = self.urls[index]
+        if url == self.fail_over_from:  # the request to it fails: smg lists it unhealthy, retries on another
+            self.down.add(url)
+            url = next(u for u in self.urls if u not in self.down)
         body = await request.read()
         async with aiohttp.ClientSession() as http:
             async with http.post(f"{url}/generate", data=body, headers={"Content-Type": "application/json"}) as up:
@@ -190,3 +197,22 @@ async def test_a_turn_smg_keeps_serving_elsewhere_moves_the_session_and_is_count
     _, cached = await agent.turn(2)  # the next turn goes where the KV now is
     assert cached == expected
     assert len(_rids(sims[other], "agent-b")) == 3  # turn 1 twice (both landed there), turn 2
+
+
+async def test_a_request_smg_fails_over_from_a_dead_worker_is_served_where_it_landed(routed):
+    sims, gateway, base = routed
+    agent, home, other = await _placed_agent(base, sims, "agent-c")
+    history = agent.sent_tokens
+
+    gateway.fail_over_from = home  # the session's worker dies as its next turn arrives
+    await agent.turn(1)  # no error reaches the client
+
+    session = await _session(base, "agent-c")
+    assert session["worker"] == other and session["rehomed"] == 1  # its KV is where smg served the turn
+    assert len(_rids(sims[other], "agent-c")) == 1 and sims[other].aborts == []  # served once, nothing stopped
+    assert await _metric(base, "sidecar_turns_served_elsewhere_total") == 1
+    assert await _metric(base, "sidecar_rehomed_recompute_tokens_total") == history
+
+    expected = agent.history_tokens
+    _, cached = await agent.turn(2)  # the next turn goes where the KV now is
+    assert cached == expected and len(_rids(sims[other], "agent-c")) == 2
