@@ -136,7 +136,7 @@ class PolicyMetrics:
         queue_length: Callable[[], float],
         resident: Callable[[], tuple[float, float, int]],
         sessions: Callable[[], float],
-        paced_turns_waiting: Callable[[], float] = lambda: 0,
+        paced_turns_waiting: Callable[[], float],
     ) -> None:
         """Gauges read at scrape time; ``resident`` returns (tokens, projected tokens, sessions)."""
         self.admission_queue_length.set_function(queue_length)

@@ -99,8 +99,7 @@ class Projection:
         if hierarchy:
             weigh = self.settings.host_tier_idle_weight == "duty_cycle" and self.service_s is not None
             if self.settings.host_tier_projection == "peak":
-                sessions = [(r.context_tokens, self._turns_left(r, resuming),
-                             1.0 if r.session_id == resuming else self._idle_weight(r, now, weigh), r.share)
+                sessions = [(r.context_tokens, self._turns_left(r, resuming), self._weight(r, now, weigh, resuming), r.share)
                             for r in load.holding_records.values()]
                 if candidate is None:
                     return self.peak(sessions)
@@ -110,13 +109,10 @@ class Projection:
             total = load.holding_tokens + self.growth_tokens * load.holding_turns_left
             weights = {}
             for r in load.holding_records.values():
-                if r.session_id == resuming:  # about to run; the residency counts a paced one without its growth
-                    if r.paced:
-                        total += self.growth_tokens * self.turns_left(r.turns)
-                    weights[r.session_id] = 1.0
-                    continue
-                w = weights[r.session_id] = self._idle_weight(r, now, weigh)
-                if w < 1.0:
+                w = weights[r.session_id] = self._weight(r, now, weigh, resuming)
+                if r.session_id == resuming:  # the residency counts a paced one without the growth it resumes
+                    total += self.growth_tokens * (self._turns_left(r, resuming) - growth_turns(r, self.turns_left))
+                elif w < 1.0:
                     total -= (1.0 - w) * (r.context_tokens + self.growth_tokens * self._turns_left(r))
             total -= held_twice([(r.share, weights[r.session_id]) for r in load.holding_records.values()])
             if share is not None and any(r.share == share for r in load.holding_records.values()):
@@ -191,6 +187,11 @@ class Projection:
         if record.session_id == resuming:
             return self.turns_left(record.turns)
         return growth_turns(record, self.turns_left)
+
+    def _weight(self, record: SessionRecord, now: float, weigh: bool, resuming: str | None) -> float:
+        """A holding session's weight in the projection: 1 for the one ``resuming`` (about to run),
+        else ``_idle_weight``."""
+        return 1.0 if record.session_id == resuming else self._idle_weight(record, now, weigh)
 
     def _idle_weight(self, record: SessionRecord, now: float, weigh: bool) -> float:
         """1, or a session's duty cycle while it is between turns (``weigh``)."""
